@@ -1,0 +1,31 @@
+# Fresh machine: `make demo` runs the main job end to end, `make test` runs the tests.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+QKM := $(VENV)/bin/qkm
+SAMPLE := qkm/datasets/fashion_mnist_2000.npz
+OUT := demo_out
+
+.PHONY: demo test bench clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $@
+
+demo: $(VENV)/.installed
+	mkdir -p $(OUT)
+	$(QKM) train $(SAMPLE) -k 10 --seed 0 --algorithm elkan -o $(OUT)/model.qkm --labels $(OUT)/train_labels.txt
+	$(QKM) predict $(OUT)/model.qkm $(SAMPLE) -o $(OUT)/predicted.npy
+	$(QKM) score $(SAMPLE) --model $(OUT)/model.qkm
+
+test: $(VENV)/.installed
+	$(PY) -m pytest -q
+
+bench: $(VENV)/.installed
+	$(PY) -m pip install -q -r benchmarks/requirements.txt
+	$(PY) benchmarks/train_sparse.py --out benchmarks/results/train_sparse
+
+clean:
+	rm -rf $(OUT) .pytest_cache

@@ -1,0 +1,41 @@
+"""Tunables shared by the numba kernels (one place, like stumpy's ``config.py``).
+
+Change them before the first fit in a process; ``_reset()`` restores the defaults.
+"""
+
+#: Rows per work unit in the parallel kernels. Work is split by rows, never by
+#: threads, so results do not depend on the thread count.
+CHUNK_SIZE = 256
+
+#: Rows per BLAS call when the data are dense (bounds the ``rows x K`` buffer).
+DENSE_BLOCK_ROWS = 4096
+
+#: fastmath flags for the numba kernels. Distance kernels stay IEEE-exact so
+#: that Lloyd and Elkan compute bit-identical distances.
+FASTMATH = False
+
+#: Cache compiled kernels on disk (``@njit(cache=True)``).
+CACHE = True
+
+#: Sparse data, sparse centroids: the scatter through a CSR copy of C^T costs
+#: about this many times more per multiply-add than streaming a dense row of
+#: C^T. The sparse path is used when its estimated cost is lower.
+SPARSE_CENTROID_COST_FACTOR = 4.0
+
+#: Elkan: when more than this fraction of (point, centroid) pairs survive the
+#: bounds, one fused full pass is cheaper than pair-by-pair distances.
+ELKAN_FULL_PASS_FRACTION = 0.25
+
+_DEFAULTS = dict(
+    CHUNK_SIZE=CHUNK_SIZE,
+    DENSE_BLOCK_ROWS=DENSE_BLOCK_ROWS,
+    FASTMATH=FASTMATH,
+    CACHE=CACHE,
+    SPARSE_CENTROID_COST_FACTOR=SPARSE_CENTROID_COST_FACTOR,
+    ELKAN_FULL_PASS_FRACTION=ELKAN_FULL_PASS_FRACTION,
+)
+
+
+def _reset():
+    """Restore every tunable to its default value."""
+    globals().update(_DEFAULTS)

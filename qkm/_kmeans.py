@@ -1,0 +1,313 @@
+"""The :class:`KMeans` estimator: a thin scikit-learn style layer over the kernels."""
+
+import numbers
+import warnings
+
+import numpy as np
+import scipy.sparse as sp
+from sklearn.base import BaseEstimator, ClassNamePrefixFeaturesOutMixin, ClusterMixin, TransformerMixin
+from sklearn.exceptions import ConvergenceWarning
+from sklearn.utils import check_random_state
+from sklearn.utils.sparsefuncs import mean_variance_axis
+from sklearn.utils.validation import check_is_fitted
+
+from ._data import CentroidLayouts, KMeansData
+from ._elkan import kmeans_single_elkan
+from ._init import distinct_row_indices, kmeans_plusplus, random_rows
+from ._lloyd import kmeans_single_lloyd
+from ._stopping import IterationLog
+from ._threads import effective_n_threads, numba_threads
+from ._validation import check_data, check_feature_count, check_init_array, check_n_clusters
+
+__all__ = ["KMeans"]
+
+_ALGORITHMS = {"lloyd": kmeans_single_lloyd, "elkan": kmeans_single_elkan}
+
+
+def _scaled_tolerance(X, tol):
+    """scikit-learn's rule: ``tol`` times the mean feature variance."""
+    if tol == 0:
+        return 0.0
+    if sp.issparse(X):
+        variances = mean_variance_axis(X, axis=0)[1]
+    else:
+        variances = np.var(X, axis=0)
+    return float(np.mean(variances) * tol)
+
+
+class KMeans(ClassNamePrefixFeaturesOutMixin, TransformerMixin, ClusterMixin, BaseEstimator):
+    """K-means clustering for dense and sparse (CSR) data.
+
+    Lloyd and Elkan iterations run in numba kernels made sparse-aware the way
+    SparseKmeans does it: distances as ``||c||^2 - 2 X C^T`` (fused with the
+    argmin, no ``n_samples x n_clusters`` buffer), centroids kept dense or
+    sparse by estimated cost, Elkan's bounds applied to aggregated pair
+    batches. Results do not depend on the number of threads.
+
+    Parameters
+    ----------
+    n_clusters : int, default=8
+        Number of clusters. When the data hold fewer distinct points, a
+        warning says so and ``n_clusters_`` gives the number actually used.
+    init : {"k-means++", "random"} or array-like of shape (n_clusters, n_features), default="k-means++"
+        Greedy k-means++ with ``2 + floor(log2 K)`` candidates per step,
+        distinct random rows, or given centres.
+    n_init : "auto" or int, default="auto"
+        Runs from different seeds; the one with the lowest WCSS is kept
+        (SystemML's ``runs``). ``"auto"`` is 1 for k-means++ or an array,
+        10 for random.
+    max_iter : int, default=300
+        Iterations per run.
+    tol : float, default=1e-4
+        Stop when the total squared centre shift is at most ``tol`` times the
+        mean feature variance (scikit-learn's rule).
+    tol_wcss : float, default=0.0
+        Also stop when the WCSS decreases by at most ``tol_wcss`` times its
+        value (SystemML's rule); 0 disables it.
+    algorithm : {"lloyd", "elkan"}, default="lloyd"
+        Both give the same labels from the same initial centres.
+    random_state : int, RandomState instance or None, default=None
+        Seeds the initialisation.
+    n_jobs : int or None, default=None
+        numba threads (``None``: all; ``-1``: all; ``-2``: all but one).
+    verbose : int, default=0
+        Print the WCSS of every iteration on stderr.
+
+    Attributes
+    ----------
+    cluster_centers_ : ndarray of shape (n_clusters_, n_features)
+    labels_ : ndarray of shape (n_samples,)
+    inertia_ : float
+        Sum of squared distances of the samples to their closest centre.
+    n_iter_ : int
+        Iterations of the best run.
+    n_clusters_ : int
+        Clusters actually used (``< n_clusters`` only for too few distinct points).
+    n_features_in_ : int
+    history_ : list of dict
+        Per-iteration records of the best run (WCSS, shift, centroid storage, ...).
+
+    See Also
+    --------
+    sklearn.cluster.KMeans : the reference implementation.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from qkm import KMeans
+    >>> X = np.array([[1, 2], [1, 4], [1, 0], [10, 2], [10, 4], [10, 0]], dtype=float)
+    >>> km = KMeans(n_clusters=2, random_state=0).fit(X)
+    >>> sorted(km.cluster_centers_.tolist())
+    [[1.0, 2.0], [10.0, 2.0]]
+    >>> km.predict([[0, 0], [12, 3]]).tolist() == [km.labels_[0], km.labels_[3]]
+    True
+    """
+
+    _parameter_constraints = {
+        "n_clusters": "integer >= 1",
+        "init": "'k-means++', 'random' or an array of shape (n_clusters, n_features)",
+        "n_init": "'auto' or integer >= 1",
+        "max_iter": "integer >= 1",
+        "tol": "float >= 0",
+        "tol_wcss": "float >= 0",
+        "algorithm": "'lloyd' or 'elkan'",
+        "verbose": "integer >= 0",
+    }
+
+    def __init__(
+        self,
+        n_clusters=8,
+        *,
+        init="k-means++",
+        n_init="auto",
+        max_iter=300,
+        tol=1e-4,
+        tol_wcss=0.0,
+        algorithm="lloyd",
+        random_state=None,
+        n_jobs=None,
+        verbose=0,
+    ):
+        self.n_clusters = n_clusters
+        self.init = init
+        self.n_init = n_init
+        self.max_iter = max_iter
+        self.tol = tol
+        self.tol_wcss = tol_wcss
+        self.algorithm = algorithm
+        self.random_state = random_state
+        self.n_jobs = n_jobs
+        self.verbose = verbose
+
+    # ------------------------------------------------------------------ #
+    def _check_params(self):
+        check_n_clusters(self.n_clusters)
+        if isinstance(self.init, str):
+            if self.init not in ("k-means++", "random"):
+                raise ValueError(f"init must be 'k-means++', 'random' or an array; got {self.init!r}.")
+        elif callable(self.init):
+            raise ValueError("init must be 'k-means++', 'random' or an array; callables are not supported.")
+        if not (self.n_init == "auto" or _is_int(self.n_init) and self.n_init >= 1):
+            raise ValueError(f"n_init must be 'auto' or an integer >= 1; got {self.n_init!r}.")
+        if not (_is_int(self.max_iter) and self.max_iter >= 1):
+            raise ValueError(f"max_iter must be an integer >= 1; got {self.max_iter!r}.")
+        for name in ("tol", "tol_wcss"):
+            value = getattr(self, name)
+            if not isinstance(value, numbers.Real) or isinstance(value, bool) or not value >= 0:
+                raise ValueError(f"{name} must be a float >= 0; got {value!r}.")
+        if self.algorithm not in _ALGORITHMS:
+            raise ValueError(f"algorithm must be one of {sorted(_ALGORITHMS)}; got {self.algorithm!r}.")
+        if not (_is_int(self.verbose) and self.verbose >= 0):
+            raise ValueError(f"verbose must be an integer >= 0; got {self.verbose!r}.")
+        effective_n_threads(self.n_jobs)
+
+    def _n_runs(self):
+        if self.n_init != "auto":
+            if not isinstance(self.init, str) and self.n_init != 1:
+                warnings.warn(
+                    f"Explicit initial centres given: n_init={self.n_init} runs would all be the same; running once.",
+                    RuntimeWarning,
+                    stacklevel=3,
+                )
+                return 1
+            return int(self.n_init)
+        return 10 if isinstance(self.init, str) and self.init == "random" else 1
+
+    def _initial_centers(self, data, n_clusters, rng):
+        if isinstance(self.init, str) and self.init == "k-means++":
+            return kmeans_plusplus(data, n_clusters, rng)[0]
+        if isinstance(self.init, str):
+            return random_rows(data, n_clusters, rng)[0]
+        return check_init_array(self.init, n_clusters, data.n_features, data.dtype)
+
+    def fit(self, X, y=None, *, callback=None):
+        """Compute k-means clustering.
+
+        Parameters
+        ----------
+        X : {array-like, sparse matrix} of shape (n_samples, n_features)
+            Training data; sparse input is used as CSR without densifying.
+        y : Ignored
+        callback : callable, default=None
+            Called with each iteration's record (a dict: iteration, wcss, shift, ...).
+
+        Returns
+        -------
+        self : KMeans
+        """
+        self._check_params()
+        X = check_data(X)
+        self.n_features_in_ = X.shape[1]
+        n_clusters = check_n_clusters(self.n_clusters)
+        if isinstance(self.init, str):
+            n_distinct = len(distinct_row_indices(X, stop_at=n_clusters))
+            if n_distinct < n_clusters:
+                warnings.warn(
+                    f"The data hold {n_distinct} distinct point(s), fewer than n_clusters={n_clusters}; "
+                    f"using n_clusters_={n_distinct}.",
+                    ConvergenceWarning,
+                    stacklevel=2,
+                )
+                n_clusters = n_distinct
+        rng = check_random_state(self.random_state)
+        tol = _scaled_tolerance(X, self.tol)
+        run = _ALGORITHMS[self.algorithm]
+        best = None
+        with numba_threads(effective_n_threads(self.n_jobs)):
+            data = KMeansData(X)
+            for run_id in range(self._n_runs()):
+                centers0 = self._initial_centers(data, n_clusters, rng)
+                log = IterationLog(self.verbose, prefix=f"run {run_id + 1}: " if self.verbose else "", callback=callback)
+                labels, inertia, centers, n_iter = run(
+                    data, centers0, max_iter=self.max_iter, tol=tol, tol_wcss=self.tol_wcss,
+                    verbose=self.verbose, log=log,
+                )
+                if best is None or inertia < best[1]:
+                    best = (labels, inertia, centers, n_iter, log.records)
+        labels, inertia, centers, n_iter, records = best
+        n_found = np.unique(labels).size
+        if n_found < n_clusters:
+            warnings.warn(
+                f"Number of distinct clusters ({n_found}) found smaller than n_clusters ({n_clusters}).",
+                ConvergenceWarning,
+                stacklevel=2,
+            )
+        self.cluster_centers_ = centers
+        self.labels_ = labels
+        self.inertia_ = inertia
+        self.n_iter_ = n_iter
+        self.n_clusters_ = n_clusters
+        self.history_ = records
+        self._n_features_out = n_clusters
+        return self
+
+    # ------------------------------------------------------------------ #
+    def _check_test_data(self, X):
+        check_is_fitted(self)
+        X = check_data(X, dtype=self.cluster_centers_.dtype)
+        check_feature_count(X, self.n_features_in_, estimator=type(self).__name__)
+        return X
+
+    def _assign(self, X):
+        """Labels and squared distances for validated ``X``."""
+        data = KMeansData(X)
+        labels = np.empty(data.n_samples, dtype=np.int32)
+        partial = np.empty(data.n_samples, dtype=np.float64)
+        with numba_threads(effective_n_threads(self.n_jobs)):
+            data.assign(CentroidLayouts(np.ascontiguousarray(self.cluster_centers_)), labels, partial)
+            return labels, data.sq_distances(partial)
+
+    def predict(self, X):
+        """Index of the closest centre for each sample.
+
+        Parameters
+        ----------
+        X : {array-like, sparse matrix} of shape (n_samples, n_features)
+
+        Returns
+        -------
+        labels : ndarray of shape (n_samples,)
+        """
+        return self._assign(self._check_test_data(X))[0]
+
+    def fit_predict(self, X, y=None):
+        """Fit, then return ``labels_``."""
+        return self.fit(X).labels_
+
+    def transform(self, X):
+        """Euclidean distances to every centre.
+
+        Parameters
+        ----------
+        X : {array-like, sparse matrix} of shape (n_samples, n_features)
+
+        Returns
+        -------
+        distances : ndarray of shape (n_samples, n_clusters_)
+        """
+        X = self._check_test_data(X)
+        return self._transform(X)
+
+    def _transform(self, X):
+        C = self.cluster_centers_.astype(np.float64)
+        XC = np.asarray(X @ C.T, dtype=np.float64)
+        x_sq = np.asarray(X.multiply(X).sum(axis=1)).ravel() if sp.issparse(X) else np.einsum("ij,ij->i", X, X, dtype=np.float64)
+        sq = x_sq[:, None] - 2.0 * XC + (C * C).sum(axis=1)[None, :]
+        return np.sqrt(np.maximum(sq, 0.0))
+
+    def fit_transform(self, X, y=None):
+        """Fit, then return the distances of the training samples to the centres."""
+        return self.fit(X)._transform(check_data(X))
+
+    def score(self, X, y=None):
+        """Opposite of the WCSS of ``X`` against the fitted centres."""
+        return -float(self._assign(self._check_test_data(X))[1].sum())
+
+    def __sklearn_tags__(self):
+        tags = super().__sklearn_tags__()
+        tags.input_tags.sparse = True
+        return tags
+
+
+def _is_int(value):
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)

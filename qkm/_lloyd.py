@@ -1,0 +1,68 @@
+"""One Lloyd run: assign with the fused kernels, update means, repeat.
+
+Mirrors scikit-learn's ``_kmeans_single_lloyd``: same loop, same stopping
+rules, a final E-step when the run stopped on the centre shift.
+"""
+
+import numpy as np
+
+from ._data import CentroidLayouts
+from ._empty import relocate_empty_clusters
+from ._stopping import IterationLog, StoppingRule
+
+
+def kmeans_single_lloyd(data, centers_init, *, max_iter, tol, tol_wcss=0.0, verbose=0, log=None):
+    """Run Lloyd's algorithm from ``centers_init``.
+
+    Parameters
+    ----------
+    data : KMeansData
+        IN  validated data.
+    centers_init : ndarray of shape (n_clusters, n_features)
+        IN  initial centres (copied).
+    max_iter : int
+    tol : float
+        Absolute tolerance on the total squared centre shift (already scaled).
+    tol_wcss : float, default=0.0
+        Relative WCSS decrease below which the run stops (SystemML); 0 disables.
+    verbose : int, default=0
+    log : IterationLog, default=None
+        Receives one record per iteration.
+
+    Returns
+    -------
+    labels : ndarray of shape (n_samples,), int32
+    inertia : float
+    centers : ndarray of shape (n_clusters, n_features)
+    n_iter : int
+    """
+    k = centers_init.shape[0]
+    n = data.n_samples
+    C = np.array(centers_init, dtype=data.dtype, order="C", copy=True)
+    C_new = np.empty_like(C)
+    layouts = CentroidLayouts(C)
+    labels = np.zeros(n, dtype=np.int32)
+    labels_old = np.full(n, -1, dtype=np.int32)
+    partial = np.empty(n, dtype=np.float64)
+    rule = StoppingRule(tol, tol_wcss)
+    log = log if log is not None else IterationLog(verbose)
+    strict = False
+    n_iter = 0
+    for it in range(max_iter):
+        n_iter = it + 1
+        data.assign(layouts, labels, partial)
+        sq_dist = data.sq_distances(partial)
+        wcss = float(sq_dist.sum())
+        counts, shift_sq, c_sq = data.update(labels, layouts.C, C_new)
+        relocated = relocate_empty_clusters(data, labels, sq_dist, counts, C_new, shift_sq, c_sq, layouts.C)
+        log.record(it, wcss=wcss, shift=float(shift_sq.sum()), storage=layouts.storage, relocated=relocated)
+        C_new, C = layouts.C, C_new
+        layouts = CentroidLayouts(C, c_sq)
+        strict, stop = rule.check(labels, labels_old, float(shift_sq.sum()), wcss)
+        if stop:
+            break
+        labels_old[:] = labels
+    if not strict:
+        data.assign(layouts, labels, partial)
+    inertia = float(data.sq_distances(partial).sum())
+    return labels, inertia, layouts.C, n_iter

@@ -1,0 +1,211 @@
+"""The ``qkm`` command line: ``qkm train``, ``qkm predict``, ``qkm score``.
+
+Run ``qkm COMMAND --help`` for the options of each command.
+"""
+
+import argparse
+import json
+import os
+import sys
+import time
+import warnings
+
+import numpy as np
+
+from . import __version__
+
+_DATA_HELP = (
+    "data file: .npy, .csv, .npz (scipy sparse or np.savez with X[, y]), svmlight/libsvm "
+    "(.svm, .libsvm, .txt or no suffix; .gz/.bz2 allowed), Matrix Market .mtx, MNIST idx(.gz)"
+)
+
+
+class ProgressBar:
+    """One-line progress on stderr, redrawn after every iteration (text only, no dependency)."""
+
+    def __init__(self, total, stream=None, width=30):
+        self.total = total
+        self.stream = stream if stream is not None else sys.stderr
+        self.width = width
+        self.start = time.perf_counter()
+
+    def __call__(self, record):
+        it = record["iteration"]
+        filled = int(self.width * min(it, self.total) / self.total)
+        wcss = record.get("wcss")
+        wcss_txt = f" WCSS {wcss:.6g}" if wcss is not None else ""
+        self.stream.write(
+            f"\r[{'#' * filled}{'.' * (self.width - filled)}] iteration {it}/{self.total}"
+            f"{wcss_txt} {time.perf_counter() - self.start:.1f}s"
+        )
+        self.stream.flush()
+
+    def close(self):
+        self.stream.write("\n")
+        self.stream.flush()
+
+
+def _load(path, fmt=None, n_features=None):
+    from .io import load_data
+
+    return load_data(path, format=fmt, n_features=n_features)
+
+
+def _cmd_train(args):
+    from . import KMeans
+    from .export import save_model
+    from .io import save_centroids, save_labels
+
+    X, _ = _load(args.data, args.format)
+    init = args.init
+    if init not in ("k-means++", "random"):
+        init = np.load(init, allow_pickle=False)
+    est = KMeans(
+        n_clusters=args.k,
+        init=init,
+        n_init=args.n_init if args.n_init is not None else "auto",
+        max_iter=args.max_iter,
+        tol=args.tol,
+        tol_wcss=args.tol_wcss,
+        algorithm=args.algorithm,
+        random_state=args.seed,
+        n_jobs=args.n_jobs,
+        verbose=args.verbose,
+    )
+    progress = None if (args.verbose or args.quiet) else ProgressBar(args.max_iter)
+    t0 = time.perf_counter()
+    try:
+        est.fit(X, callback=progress)
+    finally:
+        if progress is not None:
+            progress.close()
+    elapsed = time.perf_counter() - t0
+    save_model(est, args.output, extra_metadata={"train_seconds": elapsed, "data": os.path.basename(args.data),
+                                                "n_samples": int(X.shape[0])})
+    if args.labels:
+        save_labels(args.labels, est.labels_)
+    if args.centroids:
+        save_centroids(args.centroids, est.cluster_centers_)
+    summary = {
+        "model": args.output,
+        "algorithm": args.algorithm,
+        "n_samples": int(X.shape[0]),
+        "n_features": int(X.shape[1]),
+        "n_clusters": int(est.n_clusters_),
+        "n_iter": int(est.n_iter_),
+        "inertia": float(est.inertia_),
+        "seconds": round(elapsed, 3),
+    }
+    print(json.dumps(summary) if args.json else "\n".join(f"{k}: {v}" for k, v in summary.items()))
+    return 0
+
+
+def _cmd_predict(args):
+    from .export import load_model
+    from .io import save_labels
+
+    model = load_model(args.model)
+    X, _ = _load(args.data, args.format, n_features=model.n_features)
+    labels = model.predict(X)
+    if args.output:
+        save_labels(args.output, labels)
+    else:
+        sys.stdout.write("\n".join(map(str, labels.tolist())) + "\n")
+    return 0
+
+
+def _cmd_score(args):
+    from .export import load_model
+    from .io import load_labels
+    from .metrics import clustering_scores, format_scores
+
+    model = load_model(args.model) if args.model else None
+    X, y_file = _load(args.data, args.format, n_features=model.n_features if model else None)
+    labels_true = load_labels(args.true) if args.true else y_file
+    if args.pred:
+        labels_pred = load_labels(args.pred)
+    elif model is not None:
+        labels_pred = model.predict(X)
+    else:
+        raise SystemExit("qkm score: give --model or --pred so that there are predicted labels to score.")
+    centers = model.arrays["cluster_centers"] if model is not None else None
+    scores = clustering_scores(X, labels_pred=labels_pred, labels_true=labels_true, centers=centers)
+    if args.json:
+        print(json.dumps(scores, default=float))
+    else:
+        print(format_scores(scores))
+    return 0
+
+
+def build_parser():
+    """The argument parser of the ``qkm`` command."""
+    parser = argparse.ArgumentParser(
+        prog="qkm",
+        description="Fast-transform k-means: train, predict and score k-means models on dense or sparse data.",
+    )
+    parser.add_argument("--version", action="version", version=f"qkm {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    p = sub.add_parser("train", help="fit k-means on a data file and write a model file",
+                       description="Fit k-means (Lloyd or Elkan, dense or sparse data) and write the model in "
+                                   "qkm's safe format (atomically, with a format version).")
+    p.add_argument("data", help=_DATA_HELP)
+    p.add_argument("-k", "--n-clusters", dest="k", type=int, required=True, help="number of clusters K")
+    p.add_argument("-o", "--output", required=True, help="model file to write (safe format, e.g. model.qkm)")
+    p.add_argument("--algorithm", choices=["lloyd", "elkan"], default="lloyd",
+                   help="iteration scheme (same result from the same init); default: lloyd")
+    p.add_argument("--init", default="k-means++",
+                   help="'k-means++' (greedy, default), 'random', or a .npy file of K x D initial centres")
+    p.add_argument("--n-init", type=int, default=None,
+                   help="runs from different seeds, keeping the lowest WCSS (default: 1 for k-means++, 10 for random)")
+    p.add_argument("--max-iter", type=int, default=300, help="iterations per run (default: 300)")
+    p.add_argument("--tol", type=float, default=1e-4,
+                   help="stop when the total squared centre shift <= tol x mean feature variance (default: 1e-4)")
+    p.add_argument("--tol-wcss", type=float, default=0.0,
+                   help="also stop when WCSS falls by <= this fraction in one iteration (SystemML); 0 = off")
+    p.add_argument("--seed", type=int, default=None, help="random seed (default: fresh entropy)")
+    p.add_argument("--n-jobs", type=int, default=None, help="threads (default: all)")
+    p.add_argument("--format", default=None, help="force the data format (npy, csv, npz, svmlight, mtx, idx)")
+    p.add_argument("--labels", default=None, help="also write the training labels (.npy or text)")
+    p.add_argument("--centroids", default=None, help="also write the centres (.npy or .csv)")
+    p.add_argument("-v", "--verbose", action="count", default=0, help="print the WCSS of every iteration on stderr")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--json", action="store_true", help="print the summary as one JSON line")
+    p.set_defaults(func=_cmd_train)
+
+    p = sub.add_parser("predict", help="assign the rows of a data file to the clusters of a model",
+                       description="Print (or write) the index of the closest centre of every row.")
+    p.add_argument("model", help="model file written by 'qkm train'")
+    p.add_argument("data", help=_DATA_HELP)
+    p.add_argument("-o", "--output", default=None, help="write labels here (.npy or text) instead of stdout")
+    p.add_argument("--format", default=None, help="force the data format")
+    p.set_defaults(func=_cmd_predict)
+
+    p = sub.add_parser("score", help="SystemML-style clustering statistics, AMI and ARI",
+                       description="Print SystemML's k-means statistics (TSS, WCSS, BCSS, pair counts with "
+                                   "precision and recall, per-class and per-cluster purity) plus AMI and ARI.")
+    p.add_argument("data", help=_DATA_HELP + "; svmlight files carry the true labels")
+    p.add_argument("--model", default=None, help="model file: predicts the labels and scores the centres")
+    p.add_argument("--pred", default=None, help="predicted labels file (instead of --model)")
+    p.add_argument("--true", default=None, help="true labels file (default: the labels in an svmlight data file)")
+    p.add_argument("--format", default=None, help="force the data format")
+    p.add_argument("--json", action="store_true", help="print the statistics as JSON")
+    p.set_defaults(func=_cmd_score)
+    return parser
+
+
+def main(argv=None):
+    """Entry point of the ``qkm`` console script; returns the exit status."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("default")
+            return args.func(args)
+    except (ValueError, TypeError, FileNotFoundError, OSError) as exc:
+        print(f"qkm {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

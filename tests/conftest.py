@@ -1,0 +1,27 @@
+import numpy as np
+import pytest
+import scipy.sparse as sp
+from sklearn.datasets import make_blobs
+
+CONTAINERS = {
+    "dense": np.asarray,
+    "csr_matrix": sp.csr_matrix,
+    "csr_array": sp.csr_array,
+}
+
+
+@pytest.fixture(scope="session")
+def blobs():
+    X, y = make_blobs(n_samples=600, n_features=12, centers=6, cluster_std=1.5, random_state=42)
+    return X, y
+
+
+@pytest.fixture(scope="session")
+def sparse_text_like():
+    """Random non-negative sparse rows (text-like), L2 normalised."""
+    rng = np.random.RandomState(0)
+    X = sp.random(500, 300, density=0.04, random_state=rng, format="csr")
+    X.data = rng.exponential(size=X.nnz)
+    norms = np.sqrt(np.asarray(X.multiply(X).sum(axis=1)).ravel())
+    norms[norms == 0] = 1
+    return sp.csr_matrix(sp.diags(1 / norms) @ X)

@@ -1,0 +1,59 @@
+"""Slow, obviously-correct numpy references (the oracles of the tests)."""
+
+import numpy as np
+import scipy.sparse as sp
+
+
+def dense(X):
+    return X.toarray() if sp.issparse(X) else np.asarray(X, dtype=np.float64)
+
+
+def sq_distances(X, C):
+    """All squared distances by explicit differences, (n, K)."""
+    X = dense(X).astype(np.float64)
+    C = np.asarray(C, dtype=np.float64)
+    return ((X[:, None, :] - C[None, :, :]) ** 2).sum(axis=2)
+
+
+def assign(X, C):
+    """Brute-force nearest centre: labels and squared distances."""
+    d = sq_distances(X, C)
+    labels = d.argmin(axis=1)
+    return labels, d[np.arange(d.shape[0]), labels]
+
+
+def lloyd(X, C0, max_iter=300):
+    """Plain Lloyd iterations until the labels stop changing (no empty-cluster repair)."""
+    C = np.asarray(C0, dtype=np.float64).copy()
+    Xd = dense(X)
+    labels = None
+    for it in range(max_iter):
+        new_labels, _ = assign(Xd, C)
+        for j in range(C.shape[0]):
+            members = Xd[new_labels == j]
+            if len(members):
+                C[j] = members.mean(axis=0)
+        if labels is not None and np.array_equal(labels, new_labels):
+            break
+        labels = new_labels
+    labels, d = assign(Xd, C)
+    return labels, d.sum(), C
+
+
+def kmeans_plusplus(X, K, random_state, n_local_trials):
+    """Greedy k-means++ with scikit-learn's sequence of random draws."""
+    Xd = dense(X)
+    n = Xd.shape[0]
+    rs = random_state
+    idx = [rs.choice(n)]
+    closest = sq_distances(Xd, Xd[idx])[:, 0]
+    pot = closest.sum()
+    for _ in range(1, K):
+        cand = np.searchsorted(np.cumsum(closest), rs.uniform(size=n_local_trials) * pot)
+        cand = np.minimum(cand, n - 1)
+        d = np.minimum(closest[None, :], sq_distances(Xd, Xd[cand]).T)
+        pots = d.sum(axis=1)
+        b = int(np.argmin(pots))
+        pot, closest = pots[b], d[b]
+        idx.append(int(cand[b]))
+    return np.array(idx)
