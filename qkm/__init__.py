@@ -13,6 +13,6 @@ Examples
 
 __version__ = "0.1.0"
 
-from ._kmeans import KMeans
+from ._kmeans import KMeans, kmeans_plusplus
 
-__all__ = ["KMeans", "__version__"]
+__all__ = ["KMeans", "kmeans_plusplus", "__version__"]

@@ -13,6 +13,7 @@ import scipy.sparse as sp
 
 from . import _config
 from . import _kernels as K_
+from ._empty import relocate_empty_clusters
 
 _EMPTY_LB = np.zeros((0, 0), dtype=np.float64)
 
@@ -163,26 +164,46 @@ class KMeansData:
         K_.sq_distances_from_partials(partial_best, rows, self.x_sq, out)
         return out
 
-    def update(self, labels, C_old, C_new):
-        """Cluster means of the rows by label into ``C_new``.
+    def update(self, labels, C, own_sq_distances):
+        """Cluster means of the rows by label, with empty clusters repaired.
+
+        Parameters
+        ----------
+        labels : ndarray of shape (n_samples,)
+            IN  current assignment.
+        C : ndarray of shape (n_clusters, n_features)
+            IN/OUT the centres the labels refer to. Updated in place unless a
+            cluster is empty, in which case a new array is returned and ``C``
+            is left as it was (the repair needs the old centres).
+        own_sq_distances : callable
+            Returns the squared distance of every point to its centre in ``C``;
+            called only when a cluster is empty.
 
         Returns
         -------
-        counts : ndarray of shape (n_clusters,), int64
+        C_new : ndarray of shape (n_clusters, n_features)
         shift_sq : ndarray of shape (n_clusters,), squared centre moves
         c_sq : ndarray of shape (n_clusters,), squared norms of the new centres
+        n_relocated : int
         """
-        k = C_old.shape[0]
+        k = C.shape[0]
         order = np.empty(self.n_samples, dtype=np.int64)
         offsets = np.empty(k + 1, dtype=np.int64)
         K_.group_by_label(labels, k, order, offsets)
+        counts = np.diff(offsets)
+        has_empty = bool((counts == 0).any())
+        C_new = C.copy() if has_empty else C
         shift_sq = np.empty(k, dtype=np.float64)
         if self.sparse:
             X = self.X
-            K_.update_centers_sparse(X.data, X.indices, X.indptr, order, offsets, C_old, C_new, shift_sq)
+            K_.update_centers_sparse(X.data, X.indices, X.indptr, order, offsets, C_new, shift_sq)
         else:
-            K_.update_centers_dense(self.X, order, offsets, C_old, C_new, shift_sq)
-        return np.diff(offsets), shift_sq, centroid_sq_norms(C_new)
+            K_.update_centers_dense(self.X, order, offsets, C_new, shift_sq)
+        c_sq = centroid_sq_norms(C_new)
+        relocated = 0
+        if has_empty:
+            relocated = relocate_empty_clusters(self, labels, own_sq_distances(), counts, C_new, shift_sq, c_sq, C)
+        return C_new, shift_sq, c_sq, relocated
 
     def row(self, i):
         """Row ``i`` as a dense float64 vector."""

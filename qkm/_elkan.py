@@ -14,12 +14,13 @@ Lloyd and Elkan from the same init give the same labels; bounds carry a small
 rounding slack so that pruning never rests on a rounding error.
 """
 
+import time
+
 import numpy as np
 
 from . import _config
 from . import _kernels as K_
 from ._data import CentroidLayouts
-from ._empty import relocate_empty_clusters
 from ._stopping import IterationLog, StoppingRule
 
 
@@ -43,9 +44,7 @@ def kmeans_single_elkan(data, centers_init, *, max_iter, tol, tol_wcss=0.0, verb
     """
     n = data.n_samples
     k = centers_init.shape[0]
-    C = np.array(centers_init, dtype=data.dtype, order="C", copy=True)
-    C_new = np.empty_like(C)
-    layouts = CentroidLayouts(C)
+    layouts = CentroidLayouts(np.array(centers_init, dtype=data.dtype, order="C", copy=True))
     labels = np.zeros(n, dtype=np.int32)
     labels_old = np.full(n, -1, dtype=np.int32)
     partial = np.empty(n, dtype=np.float64)
@@ -63,6 +62,7 @@ def kmeans_single_elkan(data, centers_init, *, max_iter, tol, tol_wcss=0.0, verb
     n_iter = 0
     for it in range(max_iter):
         n_iter = it + 1
+        t0 = time.perf_counter()
         if it == 0:
             data.assign(layouts, labels, partial, lb=lb)
             _set_upper(data, partial, layouts.c_sq, labels, err, upper, None)
@@ -95,20 +95,14 @@ def kmeans_single_elkan(data, centers_init, *, max_iter, tol, tol_wcss=0.0, verb
                 pair_partial[by_cluster] = data.pair_partials(layouts, pair_i[by_cluster], pair_j[by_cluster])
                 K_.elkan_pick(active, ptr, pair_j, pair_partial, data.x_sq, layouts.c_sq, err,
                               labels, partial, upper, lb)
-        need_exact = rule.tol_wcss > 0 or verbose
-        counts, shift_sq, c_sq = data.update(labels, layouts.C, C_new)
+        storage = layouts.storage
         wcss = None
-        if need_exact or np.any(counts == 0):
-            own = data.pair_partials(layouts, data.all_rows, labels.astype(np.int64))
-            sq_dist = np.maximum(own + data.x_sq, 0.0)
-            wcss = float(sq_dist.sum())
-            relocated = relocate_empty_clusters(data, labels, sq_dist, counts, C_new, shift_sq, c_sq, layouts.C)
-        else:
-            relocated = 0
-        log.record(it, wcss=wcss, shift=float(shift_sq.sum()), mode=mode, pairs=n_pairs,
-                   storage=layouts.storage, relocated=relocated)
-        C_new, C = layouts.C, C_new
+        if rule.tol_wcss > 0 or verbose:
+            wcss = float(_own_sq_distances(data, layouts, labels).sum())
+        C, shift_sq, c_sq, relocated = data.update(labels, layouts.C, lambda: _own_sq_distances(data, layouts, labels))
         layouts = CentroidLayouts(C, c_sq)
+        log.record(it, wcss=wcss, shift=float(shift_sq.sum()), mode=mode, pairs=n_pairs,
+                   storage=storage, relocated=relocated, seconds=time.perf_counter() - t0)
         shift = np.sqrt(shift_sq)
         K_.elkan_shift_bounds(labels, shift, upper, lb)
         if half_cc is not None and not cc_exact_every_iter:
@@ -125,6 +119,12 @@ def kmeans_single_elkan(data, centers_init, *, max_iter, tol, tol_wcss=0.0, verb
         data.assign(layouts, labels, partial)
     inertia = float(data.sq_distances(partial).sum())
     return labels, inertia, layouts.C, n_iter
+
+
+def _own_sq_distances(data, layouts, labels):
+    """Exact squared distance of every point to its own centre."""
+    own = data.pair_partials(layouts, data.all_rows, labels.astype(np.int64))
+    return np.maximum(own + data.x_sq, 0.0)
 
 
 def _set_upper(data, partial, c_sq, labels, err, upper, rows):

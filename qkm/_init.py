@@ -78,7 +78,8 @@ def kmeans_plusplus(data, n_clusters, random_state, n_local_trials=None):
         return d
 
     indices = np.empty(n_clusters, dtype=np.int64)
-    indices[0] = random_state.choice(n)
+    # drawn like scikit-learn (uniform weights passed as p), so equal seeds give equal seeds
+    indices[0] = random_state.choice(n, p=np.full(n, 1.0 / n))
     closest = sq_dist_to(np.array([indices[0]]))[0]
     potential = closest.sum()
     for c in range(1, n_clusters):

@@ -180,56 +180,49 @@ def group_by_label(labels, K, order, offsets):
 def update_centers_sparse(
     data, indices, indptr,          # IN  CSR of X
     order, offsets,                 # IN  rows grouped by cluster (group_by_label)
-    C_old,                          # IN  (K, D)
-    C_new,                          # OUT (K, D) cluster means (old centre kept for empty clusters)
-    shift_sq,                       # OUT (K,) ||C_new[j] - C_old[j]||^2
+    C,                              # IN/OUT (K, D) centres -> cluster means (empty clusters keep theirs)
+    shift_sq,                       # OUT (K,) squared move of each centre
 ):
-    K, D = C_old.shape
+    K, D = C.shape
     for j in prange(K):
         n_j = offsets[j + 1] - offsets[j]
-        acc = np.zeros(D, dtype=np.float64)
         if n_j == 0:
-            for k in range(D):
-                acc[k] = C_old[j, k]
-        else:
-            for t in range(offsets[j], offsets[j + 1]):
-                i = order[t]
-                for q in range(indptr[i], indptr[i + 1]):
-                    acc[indices[q]] += data[q]
-            inv = 1.0 / n_j
-            for k in range(D):
-                acc[k] *= inv
-        _store_center(j, acc, C_old, C_new, shift_sq)
+            shift_sq[j] = 0.0
+            continue
+        acc = np.zeros(D, dtype=np.float64)
+        for t in range(offsets[j], offsets[j + 1]):
+            i = order[t]
+            for q in range(indptr[i], indptr[i + 1]):
+                acc[indices[q]] += data[q]
+        _store_mean(j, acc, 1.0 / n_j, C, shift_sq)
 
 
 @njit(parallel=True, **_JIT)
-def update_centers_dense(X, order, offsets, C_old, C_new, shift_sq):
+def update_centers_dense(X, order, offsets, C, shift_sq):
     """Dense twin of :func:`update_centers_sparse` (same arguments, X dense)."""
-    K, D = C_old.shape
+    K, D = C.shape
     for j in prange(K):
         n_j = offsets[j + 1] - offsets[j]
-        acc = np.zeros(D, dtype=np.float64)
         if n_j == 0:
+            shift_sq[j] = 0.0
+            continue
+        acc = np.zeros(D, dtype=np.float64)
+        for t in range(offsets[j], offsets[j + 1]):
+            i = order[t]
             for k in range(D):
-                acc[k] = C_old[j, k]
-        else:
-            for t in range(offsets[j], offsets[j + 1]):
-                i = order[t]
-                for k in range(D):
-                    acc[k] += X[i, k]
-            inv = 1.0 / n_j
-            for k in range(D):
-                acc[k] *= inv
-        _store_center(j, acc, C_old, C_new, shift_sq)
+                acc[k] += X[i, k]
+        _store_mean(j, acc, 1.0 / n_j, C, shift_sq)
 
 
 @njit(inline="always", **_JIT)
-def _store_center(j, acc, C_old, C_new, shift_sq):
+def _store_mean(j, acc, inv, C, shift_sq):
+    """C[j] <- acc * inv in C's dtype; shift_sq[j] <- squared move."""
     D = acc.shape[0]
     s = 0.0
     for k in range(D):
-        C_new[j, k] = acc[k]
-        dv = np.float64(C_new[j, k]) - C_old[j, k]
+        old = np.float64(C[j, k])
+        C[j, k] = acc[k] * inv
+        dv = np.float64(C[j, k]) - old
         s += dv * dv
     shift_sq[j] = s
 

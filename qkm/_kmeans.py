@@ -13,15 +13,57 @@ from sklearn.utils.validation import check_is_fitted
 
 from ._data import CentroidLayouts, KMeansData
 from ._elkan import kmeans_single_elkan
-from ._init import distinct_row_indices, kmeans_plusplus, random_rows
+from ._init import distinct_row_indices, random_rows
+from ._init import kmeans_plusplus as _kmeans_plusplus
 from ._lloyd import kmeans_single_lloyd
 from ._stopping import IterationLog
 from ._threads import effective_n_threads, numba_threads
 from ._validation import check_data, check_feature_count, check_init_array, check_n_clusters
 
-__all__ = ["KMeans"]
+__all__ = ["KMeans", "kmeans_plusplus"]
 
 _ALGORITHMS = {"lloyd": kmeans_single_lloyd, "elkan": kmeans_single_elkan}
+
+
+def kmeans_plusplus(X, n_clusters, *, random_state=None, n_local_trials=None, n_jobs=None):
+    """Greedy k-means++ seeding for dense or sparse data.
+
+    Parameters
+    ----------
+    X : {array-like, sparse matrix} of shape (n_samples, n_features)
+    n_clusters : int
+    random_state : int, RandomState instance or None, default=None
+    n_local_trials : int, default=None
+        Candidates per step; ``None`` gives ``2 + floor(log2 n_clusters)``.
+        Draws follow scikit-learn's ``kmeans_plusplus``, so with the same
+        ``n_local_trials`` and seed both pick the same rows (up to
+        rounding-level ties).
+    n_jobs : int or None, default=None
+        numba threads.
+
+    Returns
+    -------
+    centers : ndarray of shape (n_clusters, n_features)
+    indices : ndarray of shape (n_clusters,)
+        Row of ``X`` behind each centre.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from qkm import kmeans_plusplus
+    >>> X = np.array([[0.0, 0.0], [0.0, 1.0], [10.0, 10.0], [10.0, 11.0]])
+    >>> centers, idx = kmeans_plusplus(X, 2, random_state=0)
+    >>> sorted(X[idx, 0].tolist())
+    [0.0, 10.0]
+    """
+    X = check_data(X)
+    n_clusters = check_n_clusters(n_clusters)
+    if n_clusters > X.shape[0]:
+        raise ValueError(f"n_samples={X.shape[0]} should be >= n_clusters={n_clusters}.")
+    if n_local_trials is not None and not (_is_int(n_local_trials) and n_local_trials >= 1):
+        raise ValueError(f"n_local_trials must be an integer >= 1; got {n_local_trials!r}.")
+    with numba_threads(effective_n_threads(n_jobs)):
+        return _kmeans_plusplus(KMeansData(X), n_clusters, check_random_state(random_state), n_local_trials)
 
 
 def _scaled_tolerance(X, tol):
@@ -175,7 +217,7 @@ class KMeans(ClassNamePrefixFeaturesOutMixin, TransformerMixin, ClusterMixin, Ba
 
     def _initial_centers(self, data, n_clusters, rng):
         if isinstance(self.init, str) and self.init == "k-means++":
-            return kmeans_plusplus(data, n_clusters, rng)[0]
+            return _kmeans_plusplus(data, n_clusters, rng)[0]
         if isinstance(self.init, str):
             return random_rows(data, n_clusters, rng)[0]
         return check_init_array(self.init, n_clusters, data.n_features, data.dtype)

@@ -4,10 +4,11 @@ Mirrors scikit-learn's ``_kmeans_single_lloyd``: same loop, same stopping
 rules, a final E-step when the run stopped on the centre shift.
 """
 
+import time
+
 import numpy as np
 
 from ._data import CentroidLayouts
-from ._empty import relocate_empty_clusters
 from ._stopping import IterationLog, StoppingRule
 
 
@@ -36,11 +37,8 @@ def kmeans_single_lloyd(data, centers_init, *, max_iter, tol, tol_wcss=0.0, verb
     centers : ndarray of shape (n_clusters, n_features)
     n_iter : int
     """
-    k = centers_init.shape[0]
     n = data.n_samples
-    C = np.array(centers_init, dtype=data.dtype, order="C", copy=True)
-    C_new = np.empty_like(C)
-    layouts = CentroidLayouts(C)
+    layouts = CentroidLayouts(np.array(centers_init, dtype=data.dtype, order="C", copy=True))
     labels = np.zeros(n, dtype=np.int32)
     labels_old = np.full(n, -1, dtype=np.int32)
     partial = np.empty(n, dtype=np.float64)
@@ -50,15 +48,17 @@ def kmeans_single_lloyd(data, centers_init, *, max_iter, tol, tol_wcss=0.0, verb
     n_iter = 0
     for it in range(max_iter):
         n_iter = it + 1
+        t0 = time.perf_counter()
         data.assign(layouts, labels, partial)
         sq_dist = data.sq_distances(partial)
         wcss = float(sq_dist.sum())
-        counts, shift_sq, c_sq = data.update(labels, layouts.C, C_new)
-        relocated = relocate_empty_clusters(data, labels, sq_dist, counts, C_new, shift_sq, c_sq, layouts.C)
-        log.record(it, wcss=wcss, shift=float(shift_sq.sum()), storage=layouts.storage, relocated=relocated)
-        C_new, C = layouts.C, C_new
+        storage = layouts.storage
+        C, shift_sq, c_sq, relocated = data.update(labels, layouts.C, lambda: sq_dist)
         layouts = CentroidLayouts(C, c_sq)
-        strict, stop = rule.check(labels, labels_old, float(shift_sq.sum()), wcss)
+        shift_total = float(shift_sq.sum())
+        log.record(it, wcss=wcss, shift=shift_total, storage=storage, relocated=relocated,
+                   seconds=time.perf_counter() - t0)
+        strict, stop = rule.check(labels, labels_old, shift_total, wcss)
         if stop:
             break
         labels_old[:] = labels

@@ -45,7 +45,7 @@ def kmeans_plusplus(X, K, random_state, n_local_trials):
     Xd = dense(X)
     n = Xd.shape[0]
     rs = random_state
-    idx = [rs.choice(n)]
+    idx = [rs.choice(n, p=np.full(n, 1.0 / n))]
     closest = sq_distances(Xd, Xd[idx])[:, 0]
     pot = closest.sum()
     for _ in range(1, K):

@@ -115,6 +115,23 @@ def test_kmeans_plusplus_matches_naive(blobs, sparse_text_like, container):
     np.testing.assert_array_equal(centers, naive.dense(X[idx]))
 
 
+@pytest.mark.parametrize("container", ["dense", "csr_matrix"])
+def test_kmeans_plusplus_picks_sklearns_rows(blobs, container):
+    from sklearn.cluster import kmeans_plusplus as sk_kmeans_plusplus
+
+    import qkm
+
+    X = CONTAINERS[container](blobs[0])
+    for K, trials in ((6, None), (11, 4)):
+        L = trials if trials is not None else n_local_trials_for(K)
+        _, ref = sk_kmeans_plusplus(X, K, random_state=3, n_local_trials=L)
+        centers, idx = qkm.kmeans_plusplus(X, K, random_state=3, n_local_trials=trials)
+        np.testing.assert_array_equal(idx, ref)
+        np.testing.assert_array_equal(centers, naive.dense(X[idx]))
+    with pytest.raises(ValueError, match="n_samples=600 should be >= n_clusters=601"):
+        qkm.kmeans_plusplus(X, 601)
+
+
 def test_predict_and_transform_match_brute_force(blobs, sparse_text_like):
     for X in (blobs[0], sparse_text_like):
         km = KMeans(6, random_state=0).fit(X)
