@@ -8,6 +8,8 @@ sparse data through one fused numba kernel per row chunk, against ``C^T`` kept
 dense or in CSR, whichever the cost model says is cheaper.
 """
 
+import time
+
 import numpy as np
 import scipy.sparse as sp
 
@@ -16,43 +18,91 @@ from . import _kernels as K_
 from ._empty import relocate_empty_clusters
 
 _EMPTY_LB = np.zeros((0, 0), dtype=np.float64)
+_NO_SPARSE_CT = (np.zeros(1, dtype=np.int64), np.zeros(0, dtype=np.int32))
 
 
 class CentroidLayouts:
-    """Centroids ``C`` (K, D) plus the transposed layouts built on demand.
+    """Centroids ``C`` (K, D) plus the layouts of ``C^T`` built on demand.
 
     Attributes
     ----------
     C : ndarray of shape (n_clusters, n_features)
     c_sq : ndarray of shape (n_clusters,), float64 squared norms.
     storage : {"dense", "sparse", None}
-        Layout of ``C^T`` used by the last sparse-data assignment.
+        Layout of ``C^T`` used by the last assignment (None before any).
     """
 
     def __init__(self, C, c_sq=None):
         self.C = C
         self.c_sq = centroid_sq_norms(C) if c_sq is None else c_sq
-        self._CT = None
-        self._sparse_ct = None
         self.storage = None
+        self._col_nnz = None
+        self._dense_ct = None
+        self._sparse_ct = None
+
+    def column_nnz(self):
+        """Nonzeros of every column of C (= of every row of C^T), int64."""
+        if self._col_nnz is None:
+            self._col_nnz = np.empty(self.C.shape[1], dtype=np.int64)
+            K_.column_nnz(self.C, self._col_nnz)
+        return self._col_nnz
 
     def dense_transpose(self, buffer=None):
-        if self._CT is None:
+        """C^T as a C-contiguous (D, K) array, written into ``buffer`` when it fits."""
+        if self._dense_ct is None:
             k, d = self.C.shape
-            CT = buffer if buffer is not None and buffer.shape == (d, k) else np.empty((d, k), dtype=self.C.dtype)
-            K_.transpose_into(self.C, CT)
-            self._CT = CT
-        return self._CT
+            ok = buffer is not None and buffer.shape == (d, k) and buffer.dtype == self.C.dtype
+            self._dense_ct = buffer if ok else np.empty((d, k), dtype=self.C.dtype)
+            K_.transpose_into(self.C, self._dense_ct)
+        return self._dense_ct
 
-    def sparse_transpose(self, col_nnz):
+    def sparse_transpose(self):
+        """C^T in CSR as ``(indptr, indices, values)``."""
         if self._sparse_ct is None:
             ptr = np.zeros(self.C.shape[1] + 1, dtype=np.int64)
-            np.cumsum(col_nnz, out=ptr[1:])
+            np.cumsum(self.column_nnz(), out=ptr[1:])
             idx = np.empty(ptr[-1], dtype=np.int32)
             val = np.empty(ptr[-1], dtype=self.C.dtype)
             K_.fill_sparse_transpose(self.C, ptr, idx, val)
             self._sparse_ct = (ptr, idx, val)
         return self._sparse_ct
+
+
+def _n_compiled():
+    """Compiled specialisations of the fused assignment kernel."""
+    return len(K_.assign_sparse.signatures)
+
+
+class StorageChooser:
+    """Chooses the layout of C^T for sparse data by measured wall-clock time.
+
+    Work is counted in multiply-adds: ``nnz(X) * K`` with dense C^T,
+    ``sum_k df(k) * nnz(C^T_k)`` with CSR C^T. Each pass records its seconds
+    per unit of work; once both layouts have been timed, the one with the
+    lower predicted time wins. Until then the prior cost factor of
+    :mod:`qkm._config` predicts, and the untimed layout is tried once as soon
+    as it is predicted to be at most ``explore`` times slower. Both layouts
+    give bit-identical results, so the choice only changes the speed.
+    """
+
+    def __init__(self, explore=2.0):
+        self.explore = explore
+        self.seconds_per_unit = {"dense": None, "sparse": None}
+
+    def choose(self, dense_work, sparse_work):
+        cost = self.seconds_per_unit
+        if cost["dense"] is not None and cost["sparse"] is not None:
+            return "sparse" if sparse_work * cost["sparse"] < dense_work * cost["dense"] else "dense"
+        prior = {"dense": float(dense_work), "sparse": float(sparse_work) * _config.SPARSE_CENTROID_COST_FACTOR}
+        best = min(prior, key=prior.get)
+        other = "sparse" if best == "dense" else "dense"
+        if cost[other] is None and cost[best] is not None and prior[other] <= self.explore * prior[best]:
+            return other
+        return best
+
+    def record(self, storage, work, seconds):
+        if work > 0 and seconds > 0:
+            self.seconds_per_unit[storage] = seconds / work
 
 
 def centroid_sq_norms(C):
@@ -94,58 +144,58 @@ class KMeansData:
             # BLAS computes the dots in the data's precision
             self.err_rel = 1e-12 if self.dtype == np.float64 else 64 * float(np.finfo(np.float32).eps)
         self.all_rows = np.arange(self.n_samples, dtype=np.int64)
+        self.storage_chooser = StorageChooser()
         self._ct_buffer = None
 
     # ------------------------------------------------------------------ #
-    def choose_storage(self, layouts):
-        """Pick dense or CSR ``C^T`` for sparse data by estimated cost; returns the choice."""
-        col_nnz = np.empty(self.n_features, dtype=np.int64)
-        K_.column_nnz(layouts.C, col_nnz)
-        k = layouts.C.shape[0]
-        sparse_work = float(self.doc_freq @ col_nnz) * _config.SPARSE_CENTROID_COST_FACTOR
-        dense_work = float(self.nnz) * k
-        layouts.storage = "sparse" if sparse_work < dense_work else "dense"
-        layouts.col_nnz = col_nnz
-        return layouts.storage
-
     def assign(self, layouts, labels, partial_best, rows=None, lb=None):
         """Nearest centroid of ``rows`` (all rows by default).
 
         Writes ``labels[rows]`` and ``partial_best[rows]``; with ``lb`` also
         writes lower bounds of every distance into ``lb[rows]`` (for Elkan).
+        Sets ``layouts.storage`` to the layout of C^T that was used.
         """
         rows = self.all_rows if rows is None else rows
         write_lb = lb is not None
         lb = lb if write_lb else _EMPTY_LB
         if self.sparse:
-            X = self.X
-            if self.choose_storage(layouts) == "sparse":
-                ptr, idx, val = layouts.sparse_transpose(layouts.col_nnz)
-                CT = np.zeros((0, layouts.C.shape[0]), dtype=layouts.C.dtype)
-                use_sparse = True
-            else:
-                if self._ct_buffer is None or self._ct_buffer.shape != layouts.C.shape[::-1]:
-                    self._ct_buffer = np.empty(layouts.C.shape[::-1], dtype=layouts.C.dtype)
-                CT = layouts.dense_transpose(self._ct_buffer)
-                ptr = np.zeros(1, dtype=np.int64)
-                idx = np.zeros(0, dtype=np.int32)
-                val = np.zeros(0, dtype=layouts.C.dtype)
-                use_sparse = False
-            K_.assign_sparse(
-                X.data, X.indices, X.indptr, self.x_sq, rows, CT, ptr, idx, val, use_sparse,
-                layouts.c_sq, self.err_rel, labels, partial_best, lb, write_lb,
-            )
+            self._assign_sparse(layouts, rows, labels, partial_best, lb, write_lb)
+            return
+        layouts.storage = "dense"
+        block = _config.DENSE_BLOCK_ROWS
+        whole = rows is self.all_rows
+        CT = layouts.C.T
+        for start in range(0, rows.shape[0], block):
+            block_rows = rows[start:start + block]
+            Xb = self.X[start:start + block] if whole else self.X[block_rows]
+            K_.assign_dense_block(Xb @ CT, block_rows, self.x_sq, layouts.c_sq, self.err_rel,
+                                  labels, partial_best, lb, write_lb)
+
+    def _assign_sparse(self, layouts, rows, labels, partial_best, lb, write_lb):
+        k = layouts.C.shape[0]
+        fraction = rows.shape[0] / max(self.n_samples, 1)
+        dense_work = self.nnz * k * fraction
+        sparse_work = float(self.doc_freq @ layouts.column_nnz()) * fraction
+        storage = self.storage_chooser.choose(dense_work, sparse_work)
+        if storage == "sparse":
+            ptr, idx, val = layouts.sparse_transpose()
+            CT = np.zeros((0, k), dtype=layouts.C.dtype)
         else:
-            layouts.storage = "dense"
-            block = _config.DENSE_BLOCK_ROWS
-            whole = rows is self.all_rows
-            CT = layouts.C.T
-            for start in range(0, rows.shape[0], block):
-                block_rows = rows[start:start + block]
-                Xb = self.X[start:start + block] if whole else self.X[block_rows]
-                G = Xb @ CT
-                K_.assign_dense_block(G, block_rows, self.x_sq, layouts.c_sq, self.err_rel,
-                                      labels, partial_best, lb, write_lb)
+            if self._ct_buffer is None or self._ct_buffer.shape != layouts.C.shape[::-1]:
+                self._ct_buffer = np.empty(layouts.C.shape[::-1], dtype=layouts.C.dtype)
+            CT = layouts.dense_transpose(self._ct_buffer)
+            ptr, idx, val = _NO_SPARSE_CT[0], _NO_SPARSE_CT[1], np.zeros(0, dtype=layouts.C.dtype)
+        X = self.X
+        compiled_before = _n_compiled()
+        t0 = time.perf_counter()  # the kernel only: building a layout is a one-off per centroid set
+        K_.assign_sparse(
+            X.data, X.indices, X.indptr, self.x_sq, rows, CT, ptr, idx, val, storage == "sparse",
+            layouts.c_sq, self.err_rel, labels, partial_best, lb, write_lb,
+        )
+        if _n_compiled() == compiled_before:  # a pass that compiled a kernel says nothing about speed
+            self.storage_chooser.record(storage, dense_work if storage == "dense" else sparse_work,
+                                        time.perf_counter() - t0)
+        layouts.storage = storage
 
     def pair_partials(self, layouts, pair_i, pair_j):
         """Partials ``||c_j||^2 - 2 x_i.c_j`` for the given pairs."""

@@ -212,6 +212,25 @@ def test_sparse_centroid_storage_is_exact(sparse_text_like, monkeypatch):
     np.testing.assert_array_equal(a.cluster_centers_, b.cluster_centers_)
 
 
+def test_storage_chooser_follows_measured_time():
+    from qkm._data import StorageChooser
+
+    chooser = StorageChooser(explore=2.0)
+    # nothing measured: the prior cost factor decides (dense here: 100 < 50 * factor)
+    assert chooser.choose(dense_work=100, sparse_work=50) == "dense"
+    chooser.record("dense", 100, 1.0)
+    # sparse predicted at most 2x slower and never timed: try it once
+    assert chooser.choose(dense_work=100, sparse_work=50) == "sparse"
+    chooser.record("sparse", 50, 0.2)  # measured: sparse is 2.5x cheaper per unit than assumed
+    assert chooser.choose(dense_work=100, sparse_work=50) == "sparse"
+    assert chooser.choose(dense_work=100, sparse_work=300) == "dense"
+
+
+def test_history_says_which_storage_ran(sparse_text_like):
+    km = KMeans(10, random_state=0, algorithm="lloyd").fit(sparse_text_like)
+    assert all(r["storage"] in ("dense", "sparse") for r in km.history_)
+
+
 # ----------------------------------------------------------------------------- bad input
 @pytest.mark.parametrize(
     "X, match",
