@@ -26,6 +26,7 @@ test: $(VENV)/.installed
 bench: $(VENV)/.installed
 	$(PY) -m pip install -q -r benchmarks/requirements.txt
 	$(PY) benchmarks/train_sparse.py --out benchmarks/results/train_sparse
+	$(PY) benchmarks/init_kmeanspp.py --repeat 3 --out benchmarks/results/init_kmeanspp
 
 clean:
 	rm -rf $(OUT) .pytest_cache

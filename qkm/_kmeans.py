@@ -145,17 +145,6 @@ class KMeans(ClassNamePrefixFeaturesOutMixin, TransformerMixin, ClusterMixin, Ba
     True
     """
 
-    _parameter_constraints = {
-        "n_clusters": "integer >= 1",
-        "init": "'k-means++', 'random' or an array of shape (n_clusters, n_features)",
-        "n_init": "'auto' or integer >= 1",
-        "max_iter": "integer >= 1",
-        "tol": "float >= 0",
-        "tol_wcss": "float >= 0",
-        "algorithm": "'lloyd' or 'elkan'",
-        "verbose": "integer >= 0",
-    }
-
     def __init__(
         self,
         n_clusters=8,

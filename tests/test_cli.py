@@ -74,6 +74,18 @@ def test_bad_data_file_gives_clear_error(files):
     assert "Traceback" not in r.stderr
 
 
+def test_init_from_file_and_wrong_feature_count(files):
+    d, X, _ = files
+    np.save(d / "C0.npy", X[:3])
+    r = run("train", "X.npy", "-k", 3, "--init", "C0.npy", "-q", "-o", "init.qkm", "--json", cwd=d)
+    assert r.returncode == 0, r.stderr
+    np.save(d / "narrow.npy", X[:, :4])
+    r = run("predict", "init.qkm", "narrow.npy", cwd=d)
+    assert r.returncode == 2
+    assert "has 4 features" in r.stderr and "expecting 6" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
 def test_help_texts_are_complete(files):
     d, _, _ = files
     for cmd in ("train", "predict", "score"):
