@@ -46,9 +46,15 @@ class ProgressBar:
 
 
 def _load(path, fmt=None, n_features=None):
+    """Load a data file; sparse files whose last columns are all zero are widened to ``n_features``."""
+    import scipy.sparse as sp
+
     from .io import load_data
 
-    return load_data(path, format=fmt, n_features=n_features)
+    X, y = load_data(path, format=fmt)
+    if n_features is not None and sp.issparse(X) and X.shape[1] < n_features:
+        X = sp.csr_matrix((X.data, X.indices, X.indptr), shape=(X.shape[0], n_features))
+    return X, y
 
 
 def _cmd_train(args):
