@@ -5,7 +5,6 @@ duration of a ``with`` block and always restores the previous value.
 """
 
 import contextlib
-import os
 
 import numba
 
@@ -50,10 +49,3 @@ def numba_threads(n_threads):
     finally:
         numba.set_num_threads(previous)
 
-
-def cpu_count():
-    """Cores this process may run on."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover - not Linux
-        return os.cpu_count() or 1

@@ -21,28 +21,34 @@ _DATA_HELP = (
 
 
 class ProgressBar:
-    """One-line progress on stderr, redrawn after every iteration (text only, no dependency)."""
+    """Progress on stderr: a redrawn line on a terminal, one summary line otherwise (logs, pipes)."""
 
     def __init__(self, total, stream=None, width=30):
         self.total = total
         self.stream = stream if stream is not None else sys.stderr
         self.width = width
         self.start = time.perf_counter()
+        self.last = None
+        self.interactive = hasattr(self.stream, "isatty") and self.stream.isatty()
 
-    def __call__(self, record):
+    def _line(self, record):
         it = record["iteration"]
         filled = int(self.width * min(it, self.total) / self.total)
         wcss = record.get("wcss")
         wcss_txt = f" WCSS {wcss:.6g}" if wcss is not None else ""
-        self.stream.write(
-            f"\r[{'#' * filled}{'.' * (self.width - filled)}] iteration {it}/{self.total}"
-            f"{wcss_txt} {time.perf_counter() - self.start:.1f}s"
-        )
-        self.stream.flush()
+        return (f"[{'#' * filled}{'.' * (self.width - filled)}] iteration {it}/{self.total}"
+                f"{wcss_txt} {time.perf_counter() - self.start:.1f}s")
+
+    def __call__(self, record):
+        self.last = record
+        if self.interactive:
+            self.stream.write("\r" + self._line(record))
+            self.stream.flush()
 
     def close(self):
-        self.stream.write("\n")
-        self.stream.flush()
+        if self.last is not None:
+            self.stream.write(("\r" if self.interactive else "") + self._line(self.last) + "\n")
+            self.stream.flush()
 
 
 def _load(path, fmt=None, n_features=None):

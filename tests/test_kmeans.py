@@ -71,6 +71,8 @@ def test_lloyd_and_elkan_agree_with_naive_lloyd(blobs, container):
     ref_labels, ref_wcss, ref_centers = naive.lloyd(X, C0)
     for algorithm in ("lloyd", "elkan"):
         km = KMeans(8, init=C0, n_init=1, tol=0, algorithm=algorithm).fit(X)
+        if algorithm == "elkan":
+            assert "pairs" in {r["mode"] for r in km.history_}
         np.testing.assert_array_equal(km.labels_, ref_labels)
         np.testing.assert_allclose(km.inertia_, ref_wcss, rtol=1e-10)
         np.testing.assert_allclose(km.cluster_centers_, ref_centers, rtol=1e-10, atol=1e-12)
@@ -80,6 +82,8 @@ def test_lloyd_and_elkan_identical_on_sparse(sparse_text_like):
     X = sparse_text_like
     a = KMeans(20, random_state=0, algorithm="lloyd").fit(X)
     b = KMeans(20, random_state=0, algorithm="elkan").fit(X)
+    # both Elkan paths ran: fused full passes early, pruned pair batches later
+    assert {r["mode"] for r in b.history_} == {"full", "pairs"}
     np.testing.assert_array_equal(a.labels_, b.labels_)
     np.testing.assert_array_equal(a.cluster_centers_, b.cluster_centers_)
     assert a.inertia_ == b.inertia_ and a.n_iter_ == b.n_iter_
