@@ -1,3 +1,8 @@
+import os
+
+# the 1-vs-2-thread tests need numba to allow 2 threads even on a 1-core machine
+os.environ.setdefault("NUMBA_NUM_THREADS", str(max(2, os.cpu_count() or 1)))
+
 import numpy as np
 import pytest
 import scipy.sparse as sp

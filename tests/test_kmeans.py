@@ -92,6 +92,11 @@ def test_lloyd_and_elkan_identical_on_sparse(sparse_text_like):
 @pytest.mark.parametrize("algorithm", ["lloyd", "elkan"])
 @pytest.mark.parametrize("container", ["dense", "csr_matrix"])
 def test_one_and_two_threads_identical(blobs, sparse_text_like, algorithm, container):
+    import numba
+
+    from qkm._threads import effective_n_threads
+
+    assert numba.config.NUMBA_NUM_THREADS >= 2 and effective_n_threads(2) == 2  # really two threads
     X = CONTAINERS[container](blobs[0]) if container == "dense" else sparse_text_like
     fits = [KMeans(7, random_state=3, algorithm=algorithm, n_jobs=n).fit(X) for n in (1, 2)]
     np.testing.assert_array_equal(fits[0].labels_, fits[1].labels_)
