@@ -14,6 +14,11 @@ DENSE_BLOCK_ROWS = 4096
 #: that Lloyd and Elkan compute bit-identical distances.
 FASTMATH = False
 
+#: fastmath flags for the dense (point, centroid) dot products of Elkan: their
+#: results are only ever compared with BLAS results, which are not bit-exact
+#: either, so the reduction may be reassociated (vectorised).
+FASTMATH_DENSE_DOT = {"reassoc", "contract", "nsz"}
+
 #: Cache compiled kernels on disk (``@njit(cache=True)``).
 CACHE = True
 
@@ -30,6 +35,7 @@ _DEFAULTS = dict(
     CHUNK_SIZE=CHUNK_SIZE,
     DENSE_BLOCK_ROWS=DENSE_BLOCK_ROWS,
     FASTMATH=FASTMATH,
+    FASTMATH_DENSE_DOT=FASTMATH_DENSE_DOT,
     CACHE=CACHE,
     SPARSE_CENTROID_COST_FACTOR=SPARSE_CENTROID_COST_FACTOR,
     ELKAN_FULL_PASS_FRACTION=ELKAN_FULL_PASS_FRACTION,

@@ -214,7 +214,7 @@ class KMeansData:
         K_.sq_distances_from_partials(partial_best, rows, self.x_sq, out)
         return out
 
-    def update(self, labels, C, own_sq_distances):
+    def update(self, labels, C, own_sq_distances, labels_old=None):
         """Cluster means of the rows by label, with empty clusters repaired.
 
         Parameters
@@ -228,6 +228,10 @@ class KMeansData:
         own_sq_distances : callable
             Returns the squared distance of every point to its centre in ``C``;
             called only when a cluster is empty.
+        labels_old : ndarray of shape (n_samples,), default=None
+            The labels ``C`` is the mean of. Clusters that kept exactly their
+            members keep their centre (bit-identical to recomputing it); None
+            recomputes every cluster.
 
         Returns
         -------
@@ -243,12 +247,18 @@ class KMeansData:
         counts = np.diff(offsets)
         has_empty = bool((counts == 0).any())
         C_new = C.copy() if has_empty else C
+        changed = np.ones(k, dtype=np.bool_)
+        if labels_old is not None and not has_empty:
+            moved = labels != labels_old
+            changed[:] = False
+            changed[labels[moved]] = True
+            changed[labels_old[moved]] = True
         shift_sq = np.empty(k, dtype=np.float64)
         if self.sparse:
             X = self.X
-            K_.update_centers_sparse(X.data, X.indices, X.indptr, order, offsets, C_new, shift_sq)
+            K_.update_centers_sparse(X.data, X.indices, X.indptr, order, offsets, changed, C_new, shift_sq)
         else:
-            K_.update_centers_dense(self.X, order, offsets, C_new, shift_sq)
+            K_.update_centers_dense(self.X, order, offsets, changed, C_new, shift_sq)
         c_sq = centroid_sq_norms(C_new)
         relocated = 0
         if has_empty:

@@ -60,6 +60,7 @@ def kmeans_single_elkan(data, centers_init, *, max_iter, tol, tol_wcss=0.0, verb
     half_cc = None
     strict = False
     n_iter = 0
+    means_of = None  # labels whose exact means C holds (None: C is not such a mean)
     for it in range(max_iter):
         n_iter = it + 1
         t0 = time.perf_counter()
@@ -99,7 +100,8 @@ def kmeans_single_elkan(data, centers_init, *, max_iter, tol, tol_wcss=0.0, verb
         wcss = None
         if rule.tol_wcss > 0 or verbose:
             wcss = float(_own_sq_distances(data, layouts, labels).sum())
-        C, shift_sq, c_sq, relocated = data.update(labels, layouts.C, lambda: _own_sq_distances(data, layouts, labels))
+        C, shift_sq, c_sq, relocated = data.update(labels, layouts.C, lambda: _own_sq_distances(data, layouts, labels),
+                                                   means_of)
         layouts = CentroidLayouts(C, c_sq)
         log.record(it, wcss=wcss, shift=float(shift_sq.sum()), mode=mode, pairs=n_pairs,
                    storage=storage, relocated=relocated, seconds=time.perf_counter() - t0)
@@ -112,6 +114,7 @@ def kmeans_single_elkan(data, centers_init, *, max_iter, tol, tol_wcss=0.0, verb
         if stop:
             break
         labels_old[:] = labels
+        means_of = None if relocated else labels_old
     if strict:
         # bounds left some partials stale: recompute the own distances exactly
         partial[:] = data.pair_partials(layouts, data.all_rows, labels.astype(np.int64))

@@ -16,6 +16,7 @@ from numba import njit, prange
 from . import _config
 
 _JIT = dict(cache=_config.CACHE, nogil=True, fastmath=_config.FASTMATH)
+_JIT_DOT = dict(_JIT, fastmath=_config.FASTMATH_DENSE_DOT)
 
 
 # --------------------------------------------------------------------------- #
@@ -137,9 +138,14 @@ def pair_partials_sparse(
             out[t] = c_sq[j] - 2.0 * s
 
 
-@njit(parallel=True, **_JIT)
+@njit(parallel=True, **_JIT_DOT)
 def pair_partials_dense(X, C, c_sq, pair_i, pair_j, out):
-    """Dense twin of :func:`pair_partials_sparse` (same arguments, X dense)."""
+    """Dense twin of :func:`pair_partials_sparse` (same arguments, X dense).
+
+    Dense partials are compared with BLAS ones, never bit for bit, so this
+    dot product may be vectorised (``_config.FASTMATH_DENSE_DOT``); its
+    rounding stays far inside the bounds' slack.
+    """
     p = pair_i.shape[0]
     D = X.shape[1]
     chunk = _config.CHUNK_SIZE
@@ -180,13 +186,16 @@ def group_by_label(labels, K, order, offsets):
 def update_centers_sparse(
     data, indices, indptr,          # IN  CSR of X
     order, offsets,                 # IN  rows grouped by cluster (group_by_label)
-    C,                              # IN/OUT (K, D) centres -> cluster means (empty clusters keep theirs)
+    changed,                        # IN  (K,) bool: clusters whose members changed
+    C,                              # IN/OUT (K, D) centres -> cluster means; empty or unchanged
+                                    #        clusters keep theirs (a mean of the same members in
+                                    #        the same order is the same number)
     shift_sq,                       # OUT (K,) squared move of each centre
 ):
     K, D = C.shape
     for j in prange(K):
         n_j = offsets[j + 1] - offsets[j]
-        if n_j == 0:
+        if n_j == 0 or not changed[j]:
             shift_sq[j] = 0.0
             continue
         acc = np.zeros(D, dtype=np.float64)
@@ -198,12 +207,12 @@ def update_centers_sparse(
 
 
 @njit(parallel=True, **_JIT)
-def update_centers_dense(X, order, offsets, C, shift_sq):
+def update_centers_dense(X, order, offsets, changed, C, shift_sq):
     """Dense twin of :func:`update_centers_sparse` (same arguments, X dense)."""
     K, D = C.shape
     for j in prange(K):
         n_j = offsets[j + 1] - offsets[j]
-        if n_j == 0:
+        if n_j == 0 or not changed[j]:
             shift_sq[j] = 0.0
             continue
         acc = np.zeros(D, dtype=np.float64)
@@ -249,6 +258,29 @@ def row_sq_norms_dense(X, out):
             v = np.float64(X[i, k])
             s += v * v
         out[i] = s
+
+
+@njit(parallel=True, **_JIT)
+def column_variances_dense(X, out):
+    """OUT out[k] = population variance of column k (two passes, float64)."""
+    n, D = X.shape
+    tile = 64
+    for b in prange((D + tile - 1) // tile):
+        k0 = b * tile
+        k1 = min(D, k0 + tile)
+        mean = np.zeros(k1 - k0)
+        for i in range(n):
+            for k in range(k0, k1):
+                mean[k - k0] += X[i, k]
+        for k in range(k1 - k0):
+            mean[k] /= n
+        acc = np.zeros(k1 - k0)
+        for i in range(n):
+            for k in range(k0, k1):
+                d = X[i, k] - mean[k - k0]
+                acc[k - k0] += d * d
+        for k in range(k0, k1):
+            out[k] = acc[k - k0] / n
 
 
 # --------------------------------------------------------------------------- #

@@ -14,6 +14,7 @@ from sklearn.utils.validation import check_is_fitted
 from ._data import CentroidLayouts, KMeansData
 from ._elkan import kmeans_single_elkan
 from ._init import distinct_row_indices, random_rows
+from ._kernels import column_variances_dense
 from ._init import kmeans_plusplus as _kmeans_plusplus
 from ._lloyd import kmeans_single_lloyd
 from ._stopping import IterationLog
@@ -72,8 +73,9 @@ def _scaled_tolerance(X, tol):
         return 0.0
     if sp.issparse(X):
         variances = mean_variance_axis(X, axis=0)[1]
-    else:
-        variances = np.var(X, axis=0)
+    else:  # np.var(X, axis=0) without its two N x D temporaries
+        variances = np.empty(X.shape[1], dtype=np.float64)
+        column_variances_dense(X, variances)
     return float(np.mean(variances) * tol)
 
 

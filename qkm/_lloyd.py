@@ -46,6 +46,7 @@ def kmeans_single_lloyd(data, centers_init, *, max_iter, tol, tol_wcss=0.0, verb
     log = log if log is not None else IterationLog(verbose)
     strict = False
     n_iter = 0
+    means_of = None  # labels whose exact means C holds (None: C is not such a mean)
     for it in range(max_iter):
         n_iter = it + 1
         t0 = time.perf_counter()
@@ -53,7 +54,7 @@ def kmeans_single_lloyd(data, centers_init, *, max_iter, tol, tol_wcss=0.0, verb
         sq_dist = data.sq_distances(partial)
         wcss = float(sq_dist.sum())
         storage = layouts.storage
-        C, shift_sq, c_sq, relocated = data.update(labels, layouts.C, lambda: sq_dist)
+        C, shift_sq, c_sq, relocated = data.update(labels, layouts.C, lambda: sq_dist, means_of)
         layouts = CentroidLayouts(C, c_sq)
         shift_total = float(shift_sq.sum())
         log.record(it, wcss=wcss, shift=shift_total, storage=storage, relocated=relocated,
@@ -62,6 +63,7 @@ def kmeans_single_lloyd(data, centers_init, *, max_iter, tol, tol_wcss=0.0, verb
         if stop:
             break
         labels_old[:] = labels
+        means_of = None if relocated else labels_old
     if not strict:
         data.assign(layouts, labels, partial)
     inertia = float(data.sq_distances(partial).sum())

@@ -221,6 +221,34 @@ def test_sparse_centroid_storage_is_exact(sparse_text_like, monkeypatch):
     np.testing.assert_array_equal(a.cluster_centers_, b.cluster_centers_)
 
 
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_tolerance_scaling_matches_sklearn_rule(blobs, dtype):
+    from qkm._kmeans import _scaled_tolerance
+
+    X = blobs[0].astype(dtype)
+    expected = np.mean(np.var(X.astype(np.float64), axis=0)) * 1e-4
+    np.testing.assert_allclose(_scaled_tolerance(X, 1e-4), expected, rtol=1e-10)
+    np.testing.assert_allclose(_scaled_tolerance(sp.csr_matrix(X), 1e-4), expected, rtol=1e-5)
+    assert _scaled_tolerance(X, 0) == 0.0
+
+
+def test_unchanged_clusters_keep_bit_identical_means(sparse_text_like):
+    # the update skips clusters whose members did not change; recomputing all must agree exactly
+    from qkm._data import KMeansData
+
+    data = KMeansData(check_data(sparse_text_like))
+    rng = np.random.RandomState(0)
+    labels_old = rng.randint(0, 6, size=data.n_samples).astype(np.int32)
+    C = np.zeros((6, data.n_features))
+    C, _, _, _ = data.update(labels_old, C, None)          # C = exact means of labels_old
+    labels = labels_old.copy()
+    labels[np.flatnonzero(labels_old == 0)[:3]] = 1          # three points move from cluster 0 to 1
+    partial, shift_sq, _, _ = data.update(labels, C.copy(), None, labels_old)
+    full, _, _, _ = data.update(labels, C.copy(), None)
+    np.testing.assert_array_equal(partial, full)
+    assert shift_sq[0] > 0 and shift_sq[1] > 0 and not shift_sq[2:].any()
+
+
 def test_storage_chooser_follows_measured_time():
     from qkm._data import StorageChooser
 
