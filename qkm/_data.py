@@ -15,6 +15,7 @@ import scipy.sparse as sp
 
 from . import _config
 from . import _kernels as K_
+from ._kernels import centroid_sq_norms
 from ._empty import relocate_empty_clusters
 
 _EMPTY_LB = np.zeros((0, 0), dtype=np.float64)
@@ -103,18 +104,6 @@ class StorageChooser:
     def record(self, storage, work, seconds):
         if work > 0 and seconds > 0:
             self.seconds_per_unit[storage] = seconds / work
-
-
-def centroid_sq_norms(C):
-    """Squared row norms of the centroids, float64.
-
-    Computed with ``np.einsum`` exactly as scikit-learn's ``row_norms`` does,
-    so that points at (rounding-level) equal distance from several centroids
-    break the tie the same way scikit-learn does on float64 data.
-    """
-    if C.dtype == np.float64:
-        return np.einsum("ij,ij->i", C, C)
-    return np.einsum("ij,ij->i", C, C, dtype=np.float64)
 
 
 class KMeansData:

@@ -7,6 +7,8 @@ another cluster. The donor cluster's mean is updated to exclude the point.
 
 import numpy as np
 
+from ._kernels import centroid_sq_norms
+
 __all__ = ["relocate_empty_clusters"]
 
 
@@ -63,6 +65,6 @@ def relocate_empty_clusters(data, labels, sq_dist, counts, C_new, shift_sq, c_sq
         counts[j] += 1
         for c in (l, j):
             shift_sq[c] = float(((C_new[c].astype(np.float64) - C_old[c]) ** 2).sum())
-        c_sq[[l, j]] = np.einsum("ij,ij->i", C_new[[l, j]], C_new[[l, j]], dtype=np.float64)
+        c_sq[[l, j]] = centroid_sq_norms(C_new[[l, j]])
         moved += 1
     return moved

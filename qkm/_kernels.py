@@ -20,6 +20,21 @@ _JIT_DOT = dict(_JIT, fastmath=_config.FASTMATH_DENSE_DOT)
 
 
 # --------------------------------------------------------------------------- #
+# Plain numpy primitive shared by every centre update
+# --------------------------------------------------------------------------- #
+def centroid_sq_norms(C):
+    """Squared row norms of the centroids, float64.
+
+    Computed with ``np.einsum`` exactly as scikit-learn's ``row_norms`` does,
+    so that points at (rounding-level) equal distance from several centroids
+    break the tie the same way scikit-learn does on float64 data.
+    """
+    if C.dtype == np.float64:
+        return np.einsum("ij,ij->i", C, C)
+    return np.einsum("ij,ij->i", C, C, dtype=np.float64)
+
+
+# --------------------------------------------------------------------------- #
 # Assignment (E-step)
 # --------------------------------------------------------------------------- #
 @njit(parallel=True, **_JIT)

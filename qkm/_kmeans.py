@@ -14,8 +14,8 @@ from sklearn.utils.validation import check_is_fitted
 from ._data import CentroidLayouts, KMeansData
 from ._elkan import kmeans_single_elkan
 from ._init import distinct_row_indices, random_rows
-from ._kernels import column_variances_dense
 from ._init import kmeans_plusplus as _kmeans_plusplus
+from ._kernels import column_variances_dense
 from ._lloyd import kmeans_single_lloyd
 from ._stopping import IterationLog
 from ._threads import effective_n_threads, numba_threads
@@ -330,7 +330,8 @@ class KMeans(ClassNamePrefixFeaturesOutMixin, TransformerMixin, ClusterMixin, Ba
 
     def fit_transform(self, X, y=None):
         """Fit, then return the distances of the training samples to the centres."""
-        return self.fit(X)._transform(check_data(X))
+        X = check_data(X)
+        return self.fit(X)._transform(X)
 
     def score(self, X, y=None):
         """Opposite of the WCSS of ``X`` against the fitted centres."""
