@@ -38,23 +38,60 @@ def _array_bytes(arr):
     return buf.getvalue()
 
 
+def _json_params(estimator):
+    return {k: v for k, v in estimator.get_params().items() if isinstance(v, (int, float, str, type(None)))}
+
+
 def _fitted_arrays(estimator):
     """The arrays and metadata that define a fitted estimator."""
-    from qkm import KMeans
+    from qkm import KMeans, LowRankKMeans, QKMeans
 
-    if not isinstance(estimator, KMeans) or not hasattr(estimator, "cluster_centers_"):
-        raise TypeError(f"save_model needs a fitted qkm.KMeans; got {type(estimator).__name__}.")
-    arrays = {"cluster_centers": estimator.cluster_centers_}
+    if not isinstance(estimator, (KMeans, QKMeans, LowRankKMeans)) or not hasattr(estimator, "operator_"):
+        raise TypeError(f"save_model needs a fitted qkm.KMeans, QKMeans or LowRankKMeans; got {type(estimator).__name__}.")
     metadata = {
-        "algorithm": estimator.algorithm,
+        "estimator": type(estimator).__name__,
         "n_clusters": int(estimator.n_clusters_),
         "n_features": int(estimator.n_features_in_),
-        "dtype": str(estimator.cluster_centers_.dtype),
+        "dtype": str(estimator.operator_.dtype),
         "inertia": float(estimator.inertia_),
         "n_iter": int(estimator.n_iter_),
-        "params": {k: v for k, v in estimator.get_params().items() if isinstance(v, (int, float, str, type(None)))},
+        "nnz": int(estimator.operator_.nnz),
+        "compression": float(estimator.operator_.compression),
+        "params": _json_params(estimator),
     }
-    return "kmeans", arrays, metadata
+    if isinstance(estimator, KMeans):
+        metadata["algorithm"] = estimator.algorithm
+        return "kmeans", {"cluster_centers": estimator.cluster_centers_}, metadata
+    metadata["algorithm"] = "qkmeans" if isinstance(estimator, QKMeans) else "lowrank"
+    arrays = {}
+    for i, factor in enumerate(estimator.operator_.factors):
+        csr = factor.tocsr()
+        arrays[f"factor{i}_indptr"] = csr.indptr.astype(np.int64)
+        arrays[f"factor{i}_indices"] = csr.indices.astype(np.int64)
+        arrays[f"factor{i}_data"] = csr.data
+        arrays[f"factor{i}_shape"] = np.asarray(csr.shape, dtype=np.int64)
+    metadata["n_factors"] = len(estimator.operator_.factors)
+    return "factor-chain", arrays, metadata
+
+
+def _factors_from_arrays(arrays, n_factors, path):
+    """CSR factors from their arrays, with every index checked before scipy sees it."""
+    import scipy.sparse as sp
+
+    factors = []
+    for i in range(n_factors):
+        try:
+            indptr, indices, data, shape = (arrays[f"factor{i}_{part}"] for part in ("indptr", "indices", "data", "shape"))
+        except KeyError as exc:
+            raise ModelFormatError(f"{path}: factor {i} is incomplete (missing {exc.args[0]!r}).") from None
+        ok = (shape.shape == (2,) and indptr.ndim == indices.ndim == data.ndim == 1 and np.all(shape >= 0)
+              and indptr.shape[0] == shape[0] + 1 and indptr[0] == 0 and np.all(np.diff(indptr) >= 0)
+              and indptr[-1] == indices.shape[0] == data.shape[0]
+              and (indices.size == 0 or (indices.min() >= 0 and indices.max() < shape[1])))
+        if not ok:
+            raise ModelFormatError(f"{path}: factor {i} is not a valid CSR matrix.")
+        factors.append(sp.csr_matrix((data, indices.astype(np.int32), indptr), shape=tuple(int(v) for v in shape)))
+    return factors
 
 
 def save_model(estimator, path, *, extra_metadata=None):
@@ -62,7 +99,7 @@ def save_model(estimator, path, *, extra_metadata=None):
 
     Parameters
     ----------
-    estimator : qkm.KMeans
+    estimator : qkm.KMeans, qkm.QKMeans or qkm.LowRankKMeans
         A fitted estimator.
     path : str or os.PathLike
         Destination; an existing file is replaced only once the new one is complete.
@@ -106,48 +143,46 @@ def save_model(estimator, path, *, extra_metadata=None):
 
 
 class LoadedModel:
-    """A model read from the safe format.
+    """A model read from the safe format; it predicts through its centroid operator.
 
     Attributes
     ----------
-    kind : str
+    kind : {"kmeans", "factor-chain"}
     metadata : dict
     arrays : dict of name -> ndarray
-    estimator : qkm.KMeans
-        A fitted estimator rebuilt from the arrays; ``predict`` and
-        ``transform`` delegate to it.
+    operator : qkm.operator.CentroidOperator
+        The centroids (dense matrix or sparse factor chain).
     """
 
-    def __init__(self, kind, arrays, metadata, header):
-        from qkm import KMeans
-
+    def __init__(self, kind, arrays, metadata, header, operator):
         self.kind = kind
         self.arrays = arrays
         self.metadata = metadata
         self.header = header
-        centers = arrays["cluster_centers"]
-        est = KMeans(n_clusters=centers.shape[0])
-        est.cluster_centers_ = centers
-        est.n_clusters_ = centers.shape[0]
-        est.n_features_in_ = centers.shape[1]
-        est._n_features_out = centers.shape[0]
-        self.estimator = est
+        self.operator = operator
 
     @property
     def n_clusters(self):
-        return self.estimator.n_clusters_
+        return self.operator.n_clusters
 
     @property
     def n_features(self):
-        return self.estimator.n_features_in_
+        return self.operator.n_features
+
+    def _check(self, X):
+        from qkm._validation import check_data, check_feature_count
+
+        X = check_data(X, dtype=self.operator.dtype)
+        check_feature_count(X, self.n_features, estimator="the model")
+        return X
 
     def predict(self, X):
-        """Closest centre of each row (see :meth:`qkm.KMeans.predict`)."""
-        return self.estimator.predict(X)
+        """Closest centre of each row."""
+        return self.operator.assign(self._check(X))[0]
 
     def transform(self, X):
-        """Distances to every centre (see :meth:`qkm.KMeans.transform`)."""
-        return self.estimator.transform(X)
+        """Euclidean distances to every centre."""
+        return np.sqrt(self.operator.sq_distances(self._check(X)))
 
 
 def load_model(path):
@@ -186,6 +221,18 @@ def load_model(path):
             if hashlib.sha256(blob).hexdigest() != info.get("sha256"):
                 raise ModelFormatError(f"{path}: checksum mismatch for array {name!r}: the file is corrupted.")
             arrays[name] = np.lib.format.read_array(io.BytesIO(blob), allow_pickle=False)
-    if header.get("kind") != "kmeans" or "cluster_centers" not in arrays:
-        raise ModelFormatError(f"{path}: model kind {header.get('kind')!r} is not supported by this qkm.")
-    return LoadedModel(header["kind"], arrays, header.get("metadata", {}), header)
+    from qkm.operator import DenseOperator, FactorChainOperator
+
+    kind = header.get("kind")
+    metadata = header.get("metadata", {})
+    if kind == "kmeans" and "cluster_centers" in arrays and arrays["cluster_centers"].ndim == 2:
+        operator = DenseOperator(np.ascontiguousarray(arrays["cluster_centers"]))
+    elif kind == "factor-chain" and isinstance(metadata.get("n_factors"), int) and metadata["n_factors"] >= 1:
+        factors = _factors_from_arrays(arrays, metadata["n_factors"], path)
+        try:
+            operator = FactorChainOperator(factors, dtype=factors[0].dtype)
+        except ValueError as exc:
+            raise ModelFormatError(f"{path}: the factors do not form a valid chain ({exc}).") from exc
+    else:
+        raise ModelFormatError(f"{path}: model kind {kind!r} is not supported by this qkm.")
+    return LoadedModel(kind, arrays, metadata, header, operator)

@@ -1,7 +1,9 @@
 """qkm: fast-transform k-means.
 
-Sparse-aware Lloyd and Elkan k-means for dense and CSR data, the building
-block of QK-means (centroids as a product of sparse factors).
+Sparse-aware Lloyd and Elkan k-means for dense and CSR data, and QK-means:
+k-means whose centroid matrix is a product of sparse factors, applied through
+a centroid operator (:mod:`qkm.operator`) that runs whichever execution path
+is measured fastest.
 
 Examples
 --------
@@ -14,5 +16,6 @@ Examples
 __version__ = "0.1.0"
 
 from ._kmeans import KMeans, kmeans_plusplus
+from ._qkmeans import LowRankKMeans, QKMeans
 
-__all__ = ["KMeans", "kmeans_plusplus", "__version__"]
+__all__ = ["KMeans", "LowRankKMeans", "QKMeans", "kmeans_plusplus", "__version__"]

@@ -1,11 +1,13 @@
-"""The training data as the kernels see it, and the centroid layouts they use.
+"""The training data as the kernels see it.
 
 :class:`KMeansData` wraps validated data (dense ndarray or CSR) with its row
 norms and offers the three operations every algorithm is made of: assign rows
-to their nearest centroid, compute chosen (point, centroid) partials, and
-recompute the centroids from labels. Dense data go through BLAS in row blocks;
-sparse data through one fused numba kernel per row chunk, against ``C^T`` kept
-dense or in CSR, whichever the cost model says is cheaper.
+to their nearest centroid (through a :class:`qkm.operator.CentroidOperator`),
+compute chosen (point, centroid) partials, and recompute the centroids from
+labels. With a :class:`~qkm.operator.DenseOperator`, dense data go through
+BLAS in row blocks and sparse data through one fused numba kernel per row
+chunk, against ``C^T`` kept dense or in CSR, whichever was measured faster.
+Any other operator (a sparse factor chain) computes its own partials.
 """
 
 import time
@@ -17,56 +19,10 @@ from . import _config
 from . import _kernels as K_
 from ._kernels import centroid_sq_norms
 from ._empty import relocate_empty_clusters
+from .operator import DenseOperator
 
 _EMPTY_LB = np.zeros((0, 0), dtype=np.float64)
 _NO_SPARSE_CT = (np.zeros(1, dtype=np.int64), np.zeros(0, dtype=np.int32))
-
-
-class CentroidLayouts:
-    """Centroids ``C`` (K, D) plus the layouts of ``C^T`` built on demand.
-
-    Attributes
-    ----------
-    C : ndarray of shape (n_clusters, n_features)
-    c_sq : ndarray of shape (n_clusters,), float64 squared norms.
-    storage : {"dense", "sparse", None}
-        Layout of ``C^T`` used by the last assignment (None before any).
-    """
-
-    def __init__(self, C, c_sq=None):
-        self.C = C
-        self.c_sq = centroid_sq_norms(C) if c_sq is None else c_sq
-        self.storage = None
-        self._col_nnz = None
-        self._dense_ct = None
-        self._sparse_ct = None
-
-    def column_nnz(self):
-        """Nonzeros of every column of C (= of every row of C^T), int64."""
-        if self._col_nnz is None:
-            self._col_nnz = np.empty(self.C.shape[1], dtype=np.int64)
-            K_.column_nnz(self.C, self._col_nnz)
-        return self._col_nnz
-
-    def dense_transpose(self, buffer=None):
-        """C^T as a C-contiguous (D, K) array, written into ``buffer`` when it fits."""
-        if self._dense_ct is None:
-            k, d = self.C.shape
-            ok = buffer is not None and buffer.shape == (d, k) and buffer.dtype == self.C.dtype
-            self._dense_ct = buffer if ok else np.empty((d, k), dtype=self.C.dtype)
-            K_.transpose_into(self.C, self._dense_ct)
-        return self._dense_ct
-
-    def sparse_transpose(self):
-        """C^T in CSR as ``(indptr, indices, values)``."""
-        if self._sparse_ct is None:
-            ptr = np.zeros(self.C.shape[1] + 1, dtype=np.int64)
-            np.cumsum(self.column_nnz(), out=ptr[1:])
-            idx = np.empty(ptr[-1], dtype=np.int32)
-            val = np.empty(ptr[-1], dtype=self.C.dtype)
-            K_.fill_sparse_transpose(self.C, ptr, idx, val)
-            self._sparse_ct = (ptr, idx, val)
-        return self._sparse_ct
 
 
 def _n_compiled():
@@ -138,14 +94,29 @@ class KMeansData:
 
     # ------------------------------------------------------------------ #
     def assign(self, layouts, labels, partial_best, rows=None, lb=None):
-        """Nearest centroid of ``rows`` (all rows by default).
+        """Nearest centroid of ``rows`` (all rows by default): the one entry point of assignment.
 
-        Writes ``labels[rows]`` and ``partial_best[rows]``; with ``lb`` also
-        writes lower bounds of every distance into ``lb[rows]`` (for Elkan).
-        Sets ``layouts.storage`` to the layout of C^T that was used.
+        Parameters
+        ----------
+        layouts : CentroidOperator
+            IN  the centroids. A :class:`~qkm.operator.DenseOperator` runs the
+            kernels below and records the layout of C^T it used in
+            ``layouts.storage``; any other operator computes its own partials.
+        labels : ndarray of shape (n_samples,), int32
+            OUT written at ``rows``.
+        partial_best : ndarray of shape (n_samples,), float64
+            OUT best partial ``||c||^2 - 2 x.c``, written at ``rows``.
+        rows : ndarray of int64, default=None
+        lb : ndarray of shape (n_samples, n_clusters), default=None
+            OUT lower bounds of every distance at ``rows`` (Elkan; dense operator only).
         """
         rows = self.all_rows if rows is None else rows
         write_lb = lb is not None
+        if not isinstance(layouts, DenseOperator):
+            if write_lb:
+                raise ValueError("distance lower bounds need a DenseOperator")
+            self._assign_with_operator(layouts, rows, labels, partial_best)
+            return
         lb = lb if write_lb else _EMPTY_LB
         if self.sparse:
             self._assign_sparse(layouts, rows, labels, partial_best, lb, write_lb)
@@ -159,6 +130,16 @@ class KMeansData:
             Xb = self.X[start:start + block] if whole else self.X[block_rows]
             K_.assign_dense_block(Xb @ CT, block_rows, self.x_sq, layouts.c_sq, self.err_rel,
                                   labels, partial_best, lb, write_lb)
+
+    def _assign_with_operator(self, operator, rows, labels, partial_best):
+        if rows is self.all_rows:
+            operator.partials(self.X, labels, partial_best)
+            return
+        sub_labels = np.empty(rows.shape[0], dtype=np.int32)
+        sub_partial = np.empty(rows.shape[0], dtype=np.float64)
+        operator.partials(self.X[rows], sub_labels, sub_partial)
+        labels[rows] = sub_labels
+        partial_best[rows] = sub_partial
 
     def _assign_sparse(self, layouts, rows, labels, partial_best, lb, write_lb):
         k = layouts.C.shape[0]
@@ -203,7 +184,7 @@ class KMeansData:
         K_.sq_distances_from_partials(partial_best, rows, self.x_sq, out)
         return out
 
-    def update(self, labels, C, own_sq_distances, labels_old=None):
+    def update(self, labels, C, own_sq_distances, labels_old=None, counts=None):
         """Cluster means of the rows by label, with empty clusters repaired.
 
         Parameters
@@ -221,6 +202,9 @@ class KMeansData:
             The labels ``C`` is the mean of. Clusters that kept exactly their
             members keep their centre (bit-identical to recomputing it); None
             recomputes every cluster.
+        counts : ndarray of shape (n_clusters,), int64, default=None
+            OUT cluster sizes after any empty-cluster repair (moved points
+            are counted in their new cluster), in cluster-id order.
 
         Returns
         -------
@@ -233,8 +217,8 @@ class KMeansData:
         order = np.empty(self.n_samples, dtype=np.int64)
         offsets = np.empty(k + 1, dtype=np.int64)
         K_.group_by_label(labels, k, order, offsets)
-        counts = np.diff(offsets)
-        has_empty = bool((counts == 0).any())
+        counts_ = np.diff(offsets)
+        has_empty = bool((counts_ == 0).any())
         C_new = C.copy() if has_empty else C
         changed = np.ones(k, dtype=np.bool_)
         if labels_old is not None and not has_empty:
@@ -251,7 +235,9 @@ class KMeansData:
         c_sq = centroid_sq_norms(C_new)
         relocated = 0
         if has_empty:
-            relocated = relocate_empty_clusters(self, labels, own_sq_distances(), counts, C_new, shift_sq, c_sq, C)
+            relocated = relocate_empty_clusters(self, labels, own_sq_distances(), counts_, C_new, shift_sq, c_sq, C)
+        if counts is not None:
+            counts[:] = counts_
         return C_new, shift_sq, c_sq, relocated
 
     def row(self, i):

@@ -20,7 +20,7 @@ import numpy as np
 
 from . import _config
 from . import _kernels as K_
-from ._data import CentroidLayouts
+from .operator import DenseOperator
 from ._stopping import IterationLog, StoppingRule
 
 
@@ -44,7 +44,7 @@ def kmeans_single_elkan(data, centers_init, *, max_iter, tol, tol_wcss=0.0, verb
     """
     n = data.n_samples
     k = centers_init.shape[0]
-    layouts = CentroidLayouts(np.array(centers_init, dtype=data.dtype, order="C", copy=True))
+    layouts = DenseOperator(np.array(centers_init, dtype=data.dtype, order="C", copy=True))
     labels = np.zeros(n, dtype=np.int32)
     labels_old = np.full(n, -1, dtype=np.int32)
     partial = np.empty(n, dtype=np.float64)
@@ -102,7 +102,7 @@ def kmeans_single_elkan(data, centers_init, *, max_iter, tol, tol_wcss=0.0, verb
             wcss = float(_own_sq_distances(data, layouts, labels).sum())
         C, shift_sq, c_sq, relocated = data.update(labels, layouts.C, lambda: _own_sq_distances(data, layouts, labels),
                                                    means_of)
-        layouts = CentroidLayouts(C, c_sq)
+        layouts = DenseOperator(C, c_sq)
         log.record(it, wcss=wcss, shift=float(shift_sq.sum()), mode=mode, pairs=n_pairs,
                    storage=storage, relocated=relocated, seconds=time.perf_counter() - t0)
         shift = np.sqrt(shift_sq)

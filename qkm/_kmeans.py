@@ -1,25 +1,24 @@
 """The :class:`KMeans` estimator: a thin scikit-learn style layer over the kernels."""
 
-import numbers
 import warnings
 
 import numpy as np
 import scipy.sparse as sp
-from sklearn.base import BaseEstimator, ClassNamePrefixFeaturesOutMixin, ClusterMixin, TransformerMixin
-from sklearn.exceptions import ConvergenceWarning
 from sklearn.utils import check_random_state
 from sklearn.utils.sparsefuncs import mean_variance_axis
-from sklearn.utils.validation import check_is_fitted
 
-from ._data import CentroidLayouts, KMeansData
+from ._base import OperatorClusterMixin, check_nonnegative_float, resolve_n_clusters, warn_if_clusters_lost
+from ._base import is_int as _is_int
+from ._data import KMeansData
+from .operator import DenseOperator
 from ._elkan import kmeans_single_elkan
-from ._init import distinct_row_indices, random_rows
+from ._init import random_rows
 from ._init import kmeans_plusplus as _kmeans_plusplus
 from ._kernels import column_variances_dense
 from ._lloyd import kmeans_single_lloyd
 from ._stopping import IterationLog
 from ._threads import effective_n_threads, numba_threads
-from ._validation import check_data, check_feature_count, check_init_array, check_n_clusters
+from ._validation import check_data, check_init_array, check_n_clusters
 
 __all__ = ["KMeans", "kmeans_plusplus"]
 
@@ -79,7 +78,7 @@ def _scaled_tolerance(X, tol):
     return float(np.mean(variances) * tol)
 
 
-class KMeans(ClassNamePrefixFeaturesOutMixin, TransformerMixin, ClusterMixin, BaseEstimator):
+class KMeans(OperatorClusterMixin):
     """K-means clustering for dense and sparse (CSR) data.
 
     Lloyd and Elkan iterations run in numba kernels made sparse-aware the way
@@ -120,6 +119,8 @@ class KMeans(ClassNamePrefixFeaturesOutMixin, TransformerMixin, ClusterMixin, Ba
     Attributes
     ----------
     cluster_centers_ : ndarray of shape (n_clusters_, n_features)
+    operator_ : qkm.operator.DenseOperator
+        The centres as a centroid operator; prediction goes through it.
     labels_ : ndarray of shape (n_samples,)
     inertia_ : float
         Sum of squared distances of the samples to their closest centre.
@@ -185,9 +186,7 @@ class KMeans(ClassNamePrefixFeaturesOutMixin, TransformerMixin, ClusterMixin, Ba
         if not (_is_int(self.max_iter) and self.max_iter >= 1):
             raise ValueError(f"max_iter must be an integer >= 1; got {self.max_iter!r}.")
         for name in ("tol", "tol_wcss"):
-            value = getattr(self, name)
-            if not isinstance(value, numbers.Real) or isinstance(value, bool) or not value >= 0:
-                raise ValueError(f"{name} must be a float >= 0; got {value!r}.")
+            check_nonnegative_float(name, getattr(self, name))
         if self.algorithm not in _ALGORITHMS:
             raise ValueError(f"algorithm must be one of {sorted(_ALGORITHMS)}; got {self.algorithm!r}.")
         if not (_is_int(self.verbose) and self.verbose >= 0):
@@ -231,17 +230,7 @@ class KMeans(ClassNamePrefixFeaturesOutMixin, TransformerMixin, ClusterMixin, Ba
         self._check_params()
         X = check_data(X)
         self.n_features_in_ = X.shape[1]
-        n_clusters = check_n_clusters(self.n_clusters)
-        if isinstance(self.init, str):
-            n_distinct = len(distinct_row_indices(X, stop_at=n_clusters))
-            if n_distinct < n_clusters:
-                warnings.warn(
-                    f"The data hold {n_distinct} distinct point(s), fewer than n_clusters={n_clusters}; "
-                    f"using n_clusters_={n_distinct}.",
-                    ConvergenceWarning,
-                    stacklevel=2,
-                )
-                n_clusters = n_distinct
+        n_clusters = resolve_n_clusters(X, self.n_clusters, isinstance(self.init, str))
         rng = check_random_state(self.random_state)
         tol = _scaled_tolerance(X, self.tol)
         run = _ALGORITHMS[self.algorithm]
@@ -258,14 +247,9 @@ class KMeans(ClassNamePrefixFeaturesOutMixin, TransformerMixin, ClusterMixin, Ba
                 if best is None or inertia < best[1]:
                     best = (labels, inertia, centers, n_iter, log.records)
         labels, inertia, centers, n_iter, records = best
-        n_found = np.unique(labels).size
-        if n_found < n_clusters:
-            warnings.warn(
-                f"Number of distinct clusters ({n_found}) found smaller than n_clusters ({n_clusters}).",
-                ConvergenceWarning,
-                stacklevel=2,
-            )
+        warn_if_clusters_lost(labels, n_clusters)
         self.cluster_centers_ = centers
+        self.operator_ = DenseOperator(centers)
         self.labels_ = labels
         self.inertia_ = inertia
         self.n_iter_ = n_iter
@@ -273,75 +257,3 @@ class KMeans(ClassNamePrefixFeaturesOutMixin, TransformerMixin, ClusterMixin, Ba
         self.history_ = records
         self._n_features_out = n_clusters
         return self
-
-    # ------------------------------------------------------------------ #
-    def _check_test_data(self, X):
-        check_is_fitted(self)
-        X = check_data(X, dtype=self.cluster_centers_.dtype)
-        check_feature_count(X, self.n_features_in_, estimator=type(self).__name__)
-        return X
-
-    def _assign(self, X):
-        """Labels and squared distances for validated ``X``."""
-        data = KMeansData(X)
-        labels = np.empty(data.n_samples, dtype=np.int32)
-        partial = np.empty(data.n_samples, dtype=np.float64)
-        with numba_threads(effective_n_threads(self.n_jobs)):
-            data.assign(CentroidLayouts(np.ascontiguousarray(self.cluster_centers_)), labels, partial)
-            return labels, data.sq_distances(partial)
-
-    def predict(self, X):
-        """Index of the closest centre for each sample.
-
-        Parameters
-        ----------
-        X : {array-like, sparse matrix} of shape (n_samples, n_features)
-
-        Returns
-        -------
-        labels : ndarray of shape (n_samples,)
-        """
-        return self._assign(self._check_test_data(X))[0]
-
-    def fit_predict(self, X, y=None):
-        """Fit, then return ``labels_``."""
-        return self.fit(X).labels_
-
-    def transform(self, X):
-        """Euclidean distances to every centre.
-
-        Parameters
-        ----------
-        X : {array-like, sparse matrix} of shape (n_samples, n_features)
-
-        Returns
-        -------
-        distances : ndarray of shape (n_samples, n_clusters_)
-        """
-        X = self._check_test_data(X)
-        return self._transform(X)
-
-    def _transform(self, X):
-        C = self.cluster_centers_.astype(np.float64)
-        XC = np.asarray(X @ C.T, dtype=np.float64)
-        x_sq = np.asarray(X.multiply(X).sum(axis=1)).ravel() if sp.issparse(X) else np.einsum("ij,ij->i", X, X, dtype=np.float64)
-        sq = x_sq[:, None] - 2.0 * XC + (C * C).sum(axis=1)[None, :]
-        return np.sqrt(np.maximum(sq, 0.0))
-
-    def fit_transform(self, X, y=None):
-        """Fit, then return the distances of the training samples to the centres."""
-        X = check_data(X)
-        return self.fit(X)._transform(X)
-
-    def score(self, X, y=None):
-        """Opposite of the WCSS of ``X`` against the fitted centres."""
-        return -float(self._assign(self._check_test_data(X))[1].sum())
-
-    def __sklearn_tags__(self):
-        tags = super().__sklearn_tags__()
-        tags.input_tags.sparse = True
-        return tags
-
-
-def _is_int(value):
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)

@@ -8,7 +8,7 @@ import time
 
 import numpy as np
 
-from ._data import CentroidLayouts
+from .operator import DenseOperator
 from ._stopping import IterationLog, StoppingRule
 
 
@@ -38,7 +38,7 @@ def kmeans_single_lloyd(data, centers_init, *, max_iter, tol, tol_wcss=0.0, verb
     n_iter : int
     """
     n = data.n_samples
-    layouts = CentroidLayouts(np.array(centers_init, dtype=data.dtype, order="C", copy=True))
+    layouts = DenseOperator(np.array(centers_init, dtype=data.dtype, order="C", copy=True))
     labels = np.zeros(n, dtype=np.int32)
     labels_old = np.full(n, -1, dtype=np.int32)
     partial = np.empty(n, dtype=np.float64)
@@ -55,7 +55,7 @@ def kmeans_single_lloyd(data, centers_init, *, max_iter, tol, tol_wcss=0.0, verb
         wcss = float(sq_dist.sum())
         storage = layouts.storage
         C, shift_sq, c_sq, relocated = data.update(labels, layouts.C, lambda: sq_dist, means_of)
-        layouts = CentroidLayouts(C, c_sq)
+        layouts = DenseOperator(C, c_sq)
         shift_total = float(shift_sq.sum())
         log.record(it, wcss=wcss, shift=shift_total, storage=storage, relocated=relocated,
                    seconds=time.perf_counter() - t0)

@@ -34,8 +34,9 @@ class ProgressBar:
     def _line(self, record):
         it = record["iteration"]
         filled = int(self.width * min(it, self.total) / self.total)
-        wcss = record.get("wcss")
-        wcss_txt = f" WCSS {wcss:.6g}" if wcss is not None else ""
+        wcss = record.get("wcss", record.get("objective"))
+        step = f" {record['step']}" if "step" in record else ""
+        wcss_txt = f"{step} WCSS {wcss:.6g}" if wcss is not None else step
         return (f"[{'#' * filled}{'.' * (self.width - filled)}] iteration {it}/{self.total}"
                 f"{wcss_txt} {time.perf_counter() - self.start:.1f}s")
 
@@ -63,8 +64,26 @@ def _load(path, fmt=None, n_features=None):
     return X, y
 
 
+def _make_estimator(args, init):
+    """The estimator ``qkm train`` fits, from its arguments."""
+    from . import KMeans, LowRankKMeans, QKMeans
+
+    common = dict(n_clusters=args.k, init=init, random_state=args.seed, n_jobs=args.n_jobs, verbose=args.verbose)
+    if args.algorithm in ("lloyd", "elkan"):
+        return KMeans(n_init=args.n_init if args.n_init is not None else "auto",
+                      max_iter=args.max_iter if args.max_iter is not None else 300,
+                      tol=args.tol if args.tol is not None else 1e-4,
+                      tol_wcss=args.tol_wcss, algorithm=args.algorithm, **common)
+    loop = dict(n_init=args.n_init if args.n_init is not None else 1,
+                max_iter=args.max_iter if args.max_iter is not None else 50,
+                tol=args.tol if args.tol is not None else 1e-4)
+    if args.algorithm == "lowrank":
+        return LowRankKMeans(rank=args.rank, **loop, **common)
+    return QKMeans(sparsity_level=args.sparsity_level, n_factors=args.n_factors, palm_max_iter=args.palm_max_iter,
+                   palm_warm_iter=args.palm_warm_iter, **loop, **common)
+
+
 def _cmd_train(args):
-    from . import KMeans
     from .export import save_model
     from .io import save_centroids, save_labels
 
@@ -72,19 +91,8 @@ def _cmd_train(args):
     init = args.init
     if init not in ("k-means++", "random"):
         init = np.load(init, allow_pickle=False)
-    est = KMeans(
-        n_clusters=args.k,
-        init=init,
-        n_init=args.n_init if args.n_init is not None else "auto",
-        max_iter=args.max_iter,
-        tol=args.tol,
-        tol_wcss=args.tol_wcss,
-        algorithm=args.algorithm,
-        random_state=args.seed,
-        n_jobs=args.n_jobs,
-        verbose=args.verbose,
-    )
-    progress = None if (args.verbose or args.quiet) else ProgressBar(args.max_iter)
+    est = _make_estimator(args, init)
+    progress = None if (args.verbose or args.quiet) else ProgressBar(est.max_iter)
     t0 = time.perf_counter()
     try:
         est.fit(X, callback=progress)
@@ -106,6 +114,8 @@ def _cmd_train(args):
         "n_clusters": int(est.n_clusters_),
         "n_iter": int(est.n_iter_),
         "inertia": float(est.inertia_),
+        "nnz": int(est.operator_.nnz),
+        "compression": round(float(est.operator_.compression), 3),
         "seconds": round(elapsed, 3),
     }
     print(json.dumps(summary) if args.json else "\n".join(f"{k}: {v}" for k, v in summary.items()))
@@ -140,7 +150,7 @@ def _cmd_score(args):
         labels_pred = model.predict(X)
     else:
         raise SystemExit("qkm score: give --model or --pred so that there are predicted labels to score.")
-    centers = model.arrays["cluster_centers"] if model is not None else None
+    centers = model.operator.to_dense() if model is not None else None
     scores = clustering_scores(X, labels_pred=labels_pred, labels_true=labels_true, centers=centers)
     if args.json:
         print(json.dumps(scores, default=float))
@@ -159,22 +169,37 @@ def build_parser():
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     p = sub.add_parser("train", help="fit k-means on a data file and write a model file",
-                       description="Fit k-means (Lloyd or Elkan, dense or sparse data) and write the model in "
-                                   "qkm's safe format (atomically, with a format version).")
+                       description="Fit k-means (Lloyd or Elkan) or QK-means (sparse-factor centroids) on dense "
+                                   "or sparse data and write the model in qkm's safe format (atomically, with "
+                                   "a format version).")
     p.add_argument("data", help=_DATA_HELP)
     p.add_argument("-k", "--n-clusters", dest="k", type=int, required=True, help="number of clusters K")
     p.add_argument("-o", "--output", required=True, help="model file to write (safe format, e.g. model.qkm)")
-    p.add_argument("--algorithm", choices=["lloyd", "elkan"], default="lloyd",
-                   help="iteration scheme (same result from the same init); default: lloyd")
+    p.add_argument("--algorithm", choices=["lloyd", "elkan", "qkmeans", "lowrank"], default="lloyd",
+                   help="lloyd or elkan: exact k-means (same result from the same init); qkmeans: centroids as a "
+                        "product of sparse factors (QK-means); lowrank: rank-constrained centroids; default: lloyd")
     p.add_argument("--init", default="k-means++",
                    help="'k-means++' (greedy, default), 'random', or a .npy file of K x D initial centres")
     p.add_argument("--n-init", type=int, default=None,
                    help="runs from different seeds, keeping the lowest WCSS (default: 1 for k-means++, 10 for random)")
-    p.add_argument("--max-iter", type=int, default=300, help="iterations per run (default: 300)")
-    p.add_argument("--tol", type=float, default=1e-4,
-                   help="stop when the total squared centre shift <= tol x mean feature variance (default: 1e-4)")
+    p.add_argument("--max-iter", type=int, default=None,
+                   help="iterations per run (default: 300 for lloyd/elkan, 50 for qkmeans/lowrank)")
+    p.add_argument("--tol", type=float, default=None,
+                   help="lloyd/elkan: stop when the total squared centre shift <= tol x mean feature variance; "
+                        "qkmeans/lowrank: when an iteration lowers the objective by <= tol x its value "
+                        "(default: 1e-4)")
     p.add_argument("--tol-wcss", type=float, default=0.0,
                    help="also stop when WCSS falls by <= this fraction in one iteration (SystemML); 0 = off")
+    g = p.add_argument_group("QK-means (--algorithm qkmeans) and low-rank (--algorithm lowrank)")
+    g.add_argument("--sparsity-level", type=int, default=3,
+                   help="nonzeros kept per row and per column of every factor (default: 3)")
+    g.add_argument("--n-factors", type=int, default=None,
+                   help="number of sparse factors (default: floor(log2(max(K, D))))")
+    g.add_argument("--palm-warm-iter", type=int, default=10,
+                   help="palm4MSA iterations per Lloyd iteration (default: 10)")
+    g.add_argument("--palm-max-iter", type=int, default=300,
+                   help="palm4MSA iterations of the final polish (default: 300)")
+    g.add_argument("--rank", type=int, default=8, help="rank of the centroid matrix for --algorithm lowrank (default: 8)")
     p.add_argument("--seed", type=int, default=None, help="random seed (default: fresh entropy)")
     p.add_argument("--n-jobs", type=int, default=None, help="threads (default: all)")
     p.add_argument("--format", default=None, help="force the data format (npy, csv, npz, svmlight, mtx, idx)")

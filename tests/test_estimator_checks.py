@@ -2,9 +2,14 @@
 
 from sklearn.utils.estimator_checks import parametrize_with_checks
 
-from qkm import KMeans
+from qkm import KMeans, LowRankKMeans, QKMeans
 
 
-@parametrize_with_checks([KMeans(n_clusters=3, random_state=0), KMeans(n_clusters=3, algorithm="elkan", random_state=0)])
+@parametrize_with_checks([
+    KMeans(n_clusters=3, random_state=0),
+    KMeans(n_clusters=3, algorithm="elkan", random_state=0),
+    QKMeans(n_clusters=3, sparsity_level=2, max_iter=10, palm_max_iter=30, random_state=0),
+    LowRankKMeans(n_clusters=3, rank=2, random_state=0),
+])
 def test_sklearn_compatible_estimator(estimator, check):
     check(estimator)

@@ -1,0 +1,136 @@
+"""Lloyd iterations with a structured centroid matrix (QK-means, low-rank k-means).
+
+Algorithm 1 of the QuickK-means paper: assign every point with the current
+centroid operator ``V``; recompute the cluster means ``U`` and sizes ``n_k``;
+refit ``V`` to ``diag(sqrt(n_k)) U`` under the structure (sparse factors, or
+a rank). For fixed labels the k-means objective splits exactly as
+
+    sum_i ||x_i - v_{l_i}||^2 = [sum_i ||x_i||^2 - sum_k n_k ||u_k||^2] + sum_k n_k ||u_k - v_k||^2,
+
+so the refit minimises the k-means objective for the current labels. Both
+steps are recorded in the objective history; a refit that would raise the
+objective is discarded (best-iterate guard), so the history never increases
+(up to the rounding of the assignment in the operator's precision).
+
+A *fitter* supplies the structure: ``initial(U, rng)`` gives a state,
+``refit(U, weights, state, max_iter)`` a new state and its weighted error
+``||W(U - V)||_F^2``, ``operator(state, dtype, previous)`` the
+:class:`~qkm.operator.CentroidOperator`, and ``dense(state)`` the float64 V.
+"""
+
+import time
+
+import numpy as np
+
+from ._stopping import IterationLog
+
+__all__ = ["factored_lloyd"]
+
+
+def _weighted_sq_error(U, V, weights):
+    diff = (U - V) * weights[:, None]
+    return float(np.einsum("ij,ij->", diff, diff))
+
+
+def factored_lloyd(data, centers_init, fitter, *, max_iter, tol, rng, polish_iter, log=None):
+    """Run QK-means style Lloyd iterations from ``centers_init``.
+
+    Parameters
+    ----------
+    data : KMeansData
+        IN  validated data.
+    centers_init : ndarray of shape (n_clusters, n_features)
+        IN  initial centres (seeds), factorised by ``fitter.initial``.
+    fitter : object
+        The centroid structure (see the module docstring).
+    max_iter : int
+        Assignment + refit rounds.
+    tol : float
+        Stop when the objective decreased by at most ``tol`` times its value
+        over one round, or when the labels did not change.
+    rng : numpy.random.RandomState
+    polish_iter : int
+        Refit iterations of the final polish (0: none). The polish is guarded
+        like every refit and followed by a last assignment.
+    log : IterationLog, default=None
+
+    Returns
+    -------
+    result : dict
+        labels, inertia, state, operator, n_iter, objective_history
+    """
+    k = centers_init.shape[0]
+    n = data.n_samples
+    log = log if log is not None else IterationLog(0)
+    x_sq_total = float(data.x_sq.sum())
+    t0 = time.perf_counter()
+    state = fitter.initial(np.asarray(centers_init, dtype=np.float64), rng)
+    operator = fitter.operator(state, data.dtype, None)
+    V = fitter.dense(state)
+    log.record(-1, step="init", objective=None, seconds=time.perf_counter() - t0, **fitter.describe(state))
+
+    labels = np.zeros(n, dtype=np.int32)
+    labels_old = np.full(n, -1, dtype=np.int32)
+    partial = np.empty(n, dtype=np.float64)
+    U = np.zeros((k, data.n_features), dtype=data.dtype)
+    counts = np.zeros(k, dtype=np.int64)
+    history = []
+    means_of = None
+    n_iter = 0
+    objective_prev = np.inf
+
+    def assign():
+        data.assign(operator, labels, partial)
+        return float(data.sq_distances(partial).sum())
+
+    def refit(max_palm):
+        """Means (with empty clusters repaired) then a guarded refit; returns the objective."""
+        nonlocal U, state, operator, V, means_of
+        U, _, _, relocated = data.update(labels, U, lambda: data.sq_distances(partial), means_of, counts=counts)
+        means_of = None if relocated else labels.copy()
+        U64 = U.astype(np.float64)
+        weights = np.sqrt(counts.astype(np.float64))
+        within = x_sq_total - float(counts @ np.einsum("ij,ij->i", U64, U64))
+        before = _weighted_sq_error(U64, V, weights)
+        new_state, after = fitter.refit(U64, weights, state, max_palm)
+        kept = after <= before
+        if kept:
+            state = new_state
+            operator = fitter.operator(state, data.dtype, operator)
+            V = fitter.dense(state)
+        return within + min(after, before), kept, relocated, before, after
+
+    for it in range(max_iter):
+        n_iter = it + 1
+        t0 = time.perf_counter()
+        obj_assign = assign()
+        path = operator.execution_path(n)
+        history.append(obj_assign)
+        changed = int((labels != labels_old).sum())
+        t1 = time.perf_counter()
+        log.record(it, step="assign", objective=obj_assign, changed=changed, path=path, seconds=t1 - t0)
+        if changed == 0:
+            break
+        labels_old[:] = labels
+        obj_refit, kept, relocated, before, after = refit(fitter.warm_iter)
+        history.append(obj_refit)
+        log.record(it, step="refit", objective=obj_refit, kept=kept, relocated=relocated,
+                   seconds=time.perf_counter() - t1)
+        converged = objective_prev - obj_refit <= tol * obj_refit
+        objective_prev = obj_refit
+        if converged:
+            break
+
+    if polish_iter > 0:
+        t1 = time.perf_counter()
+        obj_polish, kept, relocated, _, _ = refit(polish_iter)
+        history.append(obj_polish)
+        log.record(n_iter - 1, step="polish", objective=obj_polish, kept=kept, relocated=relocated,
+                   seconds=time.perf_counter() - t1)
+    t1 = time.perf_counter()
+    inertia = assign()
+    history.append(inertia)
+    log.record(n_iter - 1, step="final-assign", objective=inertia, path=operator.execution_path(n),
+               seconds=time.perf_counter() - t1)
+    return dict(labels=labels, inertia=inertia, state=state, operator=operator, n_iter=n_iter,
+                objective_history=np.asarray(history, dtype=np.float64))

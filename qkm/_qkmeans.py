@@ -1,0 +1,382 @@
+"""QK-means and low-rank k-means: k-means whose centroid matrix has a cheap structure.
+
+Both estimators are thin layers over :func:`qkm._factored_lloyd.factored_lloyd`;
+they differ only in the *fitter* that turns weighted cluster means into a
+centroid operator: a product of sparse factors fitted by palm4MSA
+(:class:`QKMeans`), or a rank-``r`` matrix fitted by a truncated SVD
+(:class:`LowRankKMeans`, the baseline the paper did not measure).
+"""
+
+import math
+
+import numpy as np
+from sklearn.utils import check_random_state
+
+from ._base import OperatorClusterMixin, check_nonnegative_float, is_int, resolve_n_clusters, warn_if_clusters_lost
+from ._data import KMeansData
+from ._factored_lloyd import factored_lloyd
+from ._init import kmeans_plusplus as _kmeans_plusplus
+from ._init import random_rows
+from ._stopping import IterationLog
+from ._threads import effective_n_threads, numba_threads
+from ._validation import check_data, check_init_array
+from ._chain import ChainCalibration
+from .operator import FactorChainOperator
+from .palm4msa import hierarchical_palm4msa, palm4msa
+
+__all__ = ["QKMeans", "LowRankKMeans", "default_n_factors"]
+
+
+def default_n_factors(n_clusters, n_features):
+    """``floor(log2(max(K, D)))`` (at least 1), the number of factors the references use.
+
+    Examples
+    --------
+    >>> default_n_factors(64, 784)
+    9
+    """
+    return max(1, int(math.floor(math.log2(max(n_clusters, n_features, 1)))))
+
+
+def _training_operator(factors, dtype, previous):
+    """The chain for a training step: timings reused from ``previous``, bit-identical paths only.
+
+    Excluding the BLAS-rounded dense path makes a fit reproducible from
+    ``random_state`` whatever the measured timings choose.
+    """
+    calibration = previous.calibration if previous is not None else ChainCalibration(bit_identical=True)
+    return FactorChainOperator(factors, dtype=dtype, calibration=calibration)
+
+
+# --------------------------------------------------------------------------- #
+# Fitters: how a structure is fitted to weighted means (see _factored_lloyd)
+# --------------------------------------------------------------------------- #
+class _PalmFitter:
+    """``V = lambda * S_1 ... S_Q`` with ``sparsity_level`` entries per row and column of each factor."""
+
+    def __init__(self, n_factors, sparsity_level, warm_iter, palm_tol):
+        self.n_factors = n_factors
+        self.sparsity_level = sparsity_level
+        self.warm_iter = warm_iter
+        self.palm_tol = palm_tol
+
+    def initial(self, U, rng):
+        return hierarchical_palm4msa(U, self.n_factors, sparsity_level=self.sparsity_level)
+
+    def refit(self, U, weights, state, max_iter):
+        result = palm4msa(U, state.factors, lambda_=state.lambda_, sparsity_level=self.sparsity_level,
+                          weights=weights, max_iter=max_iter, tol=self.palm_tol)
+        return result, result.objective
+
+    def dense(self, state):
+        return state.product()
+
+    def factors(self, state):
+        """Factors with lambda folded into the first one."""
+        return [state.lambda_ * state.factors[0]] + list(state.factors[1:])
+
+    def operator(self, state, dtype, previous):
+        return _training_operator(self.factors(state), dtype, previous)
+
+    def describe(self, state):
+        return {"nnz": int(sum(np.count_nonzero(f) for f in state.factors))}
+
+
+class _LowRankFitter:
+    """``V = P Q`` with ``P`` of shape (K, r) and ``Q`` of shape (r, D), fitted by truncated SVD."""
+
+    warm_iter = 1
+
+    def __init__(self, rank):
+        self.rank = rank
+
+    def _fit(self, U, weights):
+        r = min(self.rank, *U.shape)
+        M = U * weights[:, None]
+        left, sing, right = np.linalg.svd(M, full_matrices=False)
+        Q = right[:r]
+        P = np.empty((U.shape[0], r))
+        positive = weights > 0
+        P[positive] = left[positive, :r] * sing[:r] / weights[positive, None]
+        P[~positive] = U[~positive] @ Q.T  # rows that do not count: their projection on the basis
+        return P, Q
+
+    def initial(self, U, rng):
+        return self._fit(U, np.ones(U.shape[0]))
+
+    def refit(self, U, weights, state, max_iter):
+        P, Q = self._fit(U, weights)
+        diff = (U - P @ Q) * weights[:, None]
+        return (P, Q), float(np.einsum("ij,ij->", diff, diff))
+
+    def dense(self, state):
+        return state[0] @ state[1]
+
+    def factors(self, state):
+        return [state[0], state[1]]
+
+    def operator(self, state, dtype, previous):
+        return _training_operator(self.factors(state), dtype, previous)
+
+    def describe(self, state):
+        return {"nnz": int(state[0].size + state[1].size)}
+
+
+# --------------------------------------------------------------------------- #
+class _FactoredKMeans(OperatorClusterMixin):
+    """Shared fit for the structured-centroid estimators."""
+
+    def _check_common_params(self):
+        if isinstance(self.init, str):
+            if self.init not in ("k-means++", "random"):
+                raise ValueError(f"init must be 'k-means++', 'random' or an array; got {self.init!r}.")
+        elif callable(self.init):
+            raise ValueError("init must be 'k-means++', 'random' or an array; callables are not supported.")
+        for name in ("n_init", "max_iter"):
+            value = getattr(self, name)
+            if not (is_int(value) and value >= 1):
+                raise ValueError(f"{name} must be an integer >= 1; got {value!r}.")
+        check_nonnegative_float("tol", self.tol)
+        if not (is_int(self.verbose) and self.verbose >= 0):
+            raise ValueError(f"verbose must be an integer >= 0; got {self.verbose!r}.")
+        effective_n_threads(self.n_jobs)
+
+    def _initial_centers(self, data, n_clusters, rng):
+        if isinstance(self.init, str) and self.init == "k-means++":
+            return _kmeans_plusplus(data, n_clusters, rng)[0]
+        if isinstance(self.init, str):
+            return random_rows(data, n_clusters, rng)[0]
+        return check_init_array(self.init, n_clusters, data.n_features, data.dtype)
+
+    def fit(self, X, y=None, *, callback=None):
+        """Fit the structured centroids.
+
+        Parameters
+        ----------
+        X : {array-like, sparse matrix} of shape (n_samples, n_features)
+            Training data; sparse input is used as CSR without densifying.
+        y : Ignored
+        callback : callable, default=None
+            Called with every step's record (a dict: iteration, step, objective, ...).
+
+        Returns
+        -------
+        self
+        """
+        self._check_params()
+        X = check_data(X)
+        self.n_features_in_ = X.shape[1]
+        n_clusters = resolve_n_clusters(X, self.n_clusters, isinstance(self.init, str))
+        rng = check_random_state(self.random_state)
+        fitter = self._make_fitter(n_clusters, X.shape[1])
+        n_runs = self.n_init if isinstance(self.init, str) else 1
+        best = None
+        with numba_threads(effective_n_threads(self.n_jobs)):
+            data = KMeansData(X)
+            for run_id in range(n_runs):
+                centers0 = self._initial_centers(data, n_clusters, rng)
+                prefix = f"run {run_id + 1}: " if self.verbose else ""
+                log = IterationLog(self.verbose, prefix=prefix, callback=callback)
+                result = factored_lloyd(data, centers0, fitter, max_iter=self.max_iter, tol=self.tol, rng=rng,
+                                        polish_iter=self._polish_iter(), log=log)
+                if best is None or result["inertia"] < best[0]["inertia"]:
+                    best = (result, log.records)
+        result, records = best
+        warn_if_clusters_lost(result["labels"], n_clusters)
+        operator = result["operator"]
+        self.operator_ = operator
+        self.factors_ = list(operator.factors)
+        self.cluster_centers_ = np.ascontiguousarray(operator.to_dense())
+        self.labels_ = result["labels"]
+        self.inertia_ = result["inertia"]
+        self.n_iter_ = result["n_iter"]
+        self.n_clusters_ = n_clusters
+        self.objective_history_ = result["objective_history"]
+        self.history_ = records
+        self.nnz_ = int(operator.nnz)
+        self.flops_ = int(operator.flops)
+        self.compression_ = float(operator.compression)
+        self._n_features_out = n_clusters
+        return self
+
+
+class QKMeans(_FactoredKMeans):
+    """QK-means: k-means whose centroid matrix is a product of sparse factors.
+
+    Each Lloyd iteration assigns the points with the factored operator
+    ``V = S_1 S_2 ... S_Q``, recomputes the cluster means ``U`` and refits the
+    factors with palm4MSA on ``diag(sqrt(n_k)) U`` (warm-started from the
+    previous factors), which minimises the k-means objective for the current
+    labels (Giffon et al., 2021, Algorithm 1). The first factors come from
+    hierarchical palm4MSA on the initial centres; a longer palm4MSA polish
+    runs at the end. A refit that would raise the objective is discarded.
+
+    Applying ``V`` to a vector costs ``2 * nnz_`` flops instead of
+    ``2 * K * D``; which code path actually runs fastest (the sparse chain or
+    the folded dense matrix) is measured, see ``operator_``.
+
+    Parameters
+    ----------
+    n_clusters : int, default=8
+    sparsity_level : int, default=3
+        Nonzeros kept per row and per column of every factor (FAuST's
+        ``splincol``; the paper's sparsity level).
+    n_factors : int or None, default=None
+        Factors ``Q``; None gives ``floor(log2(max(K, D)))`` as the
+        references do. Shapes are ``K x A``, ``A x A`` ..., ``A x D`` with
+        ``A = min(K, D)``.
+    init : {"k-means++", "random"} or array of shape (n_clusters, n_features), default="k-means++"
+    n_init : int, default=1
+        Runs from different seeds; the lowest objective wins.
+    max_iter : int, default=50
+        Lloyd iterations (assignment + refit).
+    tol : float, default=1e-4
+        Stop when one iteration lowers the objective by at most ``tol`` times its value.
+    palm_max_iter : int, default=300
+        palm4MSA iterations of the final polish.
+    palm_warm_iter : int, default=10
+        palm4MSA iterations per Lloyd iteration (warm-started).
+    palm_tol : float, default=1e-6
+        palm4MSA stops when its objective changes by less than this (relative).
+    random_state : int, RandomState instance or None, default=None
+    n_jobs : int or None, default=None
+        numba threads.
+    verbose : int, default=0
+        Print every step's objective on stderr.
+
+    Attributes
+    ----------
+    factors_ : list of scipy.sparse.csr_matrix
+        ``[S_1, ..., S_Q]`` whose product is the centroid matrix (the scale
+        is folded into ``S_1``).
+    operator_ : qkm.operator.FactorChainOperator
+    cluster_centers_ : ndarray of shape (n_clusters_, n_features)
+        The product as a dense matrix, for convenience.
+    labels_ : ndarray of shape (n_samples,)
+    inertia_ : float
+        Sum of squared distances of the samples to their closest (factored) centre.
+    n_iter_ : int
+    n_clusters_ : int
+    n_features_in_ : int
+    objective_history_ : ndarray
+        The k-means objective after every step (assignment, refit, ..., polish,
+        final assignment); non-increasing.
+    history_ : list of dict
+        One record per step (step name, objective, palm4MSA result kept,
+        execution path of the operator, seconds).
+    nnz_, flops_ : int
+        Nonzeros of the factors and flops per sample (``2 * nnz_``).
+    compression_ : float
+        ``K * D / nnz_``.
+
+    See Also
+    --------
+    LowRankKMeans : the rank-constrained baseline.
+    qkm.palm4msa.hierarchical_palm4msa : the factorisation used for the init.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from qkm import QKMeans
+    >>> rng = np.random.RandomState(0)
+    >>> X = np.vstack([rng.normal(c, 0.1, size=(20, 8)) for c in (0.0, 3.0, 6.0, 9.0)])
+    >>> qk = QKMeans(n_clusters=4, sparsity_level=2, random_state=0).fit(X)
+    >>> len(np.unique(qk.labels_))
+    4
+    >>> bool(np.all(np.diff(qk.objective_history_) <= 1e-9 * qk.objective_history_[:-1]))
+    True
+    """
+
+    def __init__(self, n_clusters=8, *, sparsity_level=3, n_factors=None, init="k-means++", n_init=1,
+                 max_iter=50, tol=1e-4, palm_max_iter=300, palm_warm_iter=10, palm_tol=1e-6,
+                 random_state=None, n_jobs=None, verbose=0):
+        self.n_clusters = n_clusters
+        self.sparsity_level = sparsity_level
+        self.n_factors = n_factors
+        self.init = init
+        self.n_init = n_init
+        self.max_iter = max_iter
+        self.tol = tol
+        self.palm_max_iter = palm_max_iter
+        self.palm_warm_iter = palm_warm_iter
+        self.palm_tol = palm_tol
+        self.random_state = random_state
+        self.n_jobs = n_jobs
+        self.verbose = verbose
+
+    def _check_params(self):
+        if not (is_int(self.sparsity_level) and self.sparsity_level >= 1):
+            raise ValueError(f"sparsity_level must be an integer >= 1; got {self.sparsity_level!r}.")
+        if self.n_factors is not None and not (is_int(self.n_factors) and self.n_factors >= 1):
+            raise ValueError(f"n_factors must be None or an integer >= 1; got {self.n_factors!r}.")
+        for name in ("palm_max_iter", "palm_warm_iter"):
+            value = getattr(self, name)
+            if not (is_int(value) and value >= 0):
+                raise ValueError(f"{name} must be an integer >= 0; got {value!r}.")
+        check_nonnegative_float("palm_tol", self.palm_tol)
+        self._check_common_params()
+
+    def _make_fitter(self, n_clusters, n_features):
+        n_factors = self.n_factors if self.n_factors is not None else default_n_factors(n_clusters, n_features)
+        return _PalmFitter(n_factors, self.sparsity_level, self.palm_warm_iter, self.palm_tol)
+
+    def _polish_iter(self):
+        return self.palm_max_iter
+
+
+class LowRankKMeans(_FactoredKMeans):
+    """k-means with centroids restricted to rank ``r``: ``V = P Q``, ``P`` K x r, ``Q`` r x D.
+
+    The same Lloyd loop as :class:`QKMeans`, with the structure fitted
+    exactly by a truncated SVD of ``diag(sqrt(n_k)) U`` at every iteration.
+    It stores ``r (K + D)`` values; choose ``r`` so that this matches a
+    QK-means model's ``nnz_`` for a like-for-like comparison.
+
+    Parameters
+    ----------
+    n_clusters : int, default=8
+    rank : int, default=8
+        Rank of the centroid matrix (capped at ``min(K, D)``).
+    init, n_init, max_iter, tol, random_state, n_jobs, verbose
+        As in :class:`QKMeans`.
+
+    Attributes
+    ----------
+    factors_ : list of two ndarrays-as-CSR ``[P, Q]``
+    operator_, cluster_centers_, labels_, inertia_, n_iter_, n_clusters_,
+    n_features_in_, objective_history_, history_, nnz_, flops_, compression_
+        As in :class:`QKMeans`.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from qkm import LowRankKMeans
+    >>> rng = np.random.RandomState(0)
+    >>> X = np.vstack([rng.normal(c, 0.1, size=(20, 8)) for c in (0.0, 3.0, 6.0)])
+    >>> lr = LowRankKMeans(n_clusters=3, rank=1, random_state=0).fit(X)
+    >>> int(np.linalg.matrix_rank(lr.cluster_centers_))
+    1
+    """
+
+    def __init__(self, n_clusters=8, *, rank=8, init="k-means++", n_init=1, max_iter=50, tol=1e-4,
+                 random_state=None, n_jobs=None, verbose=0):
+        self.n_clusters = n_clusters
+        self.rank = rank
+        self.init = init
+        self.n_init = n_init
+        self.max_iter = max_iter
+        self.tol = tol
+        self.random_state = random_state
+        self.n_jobs = n_jobs
+        self.verbose = verbose
+
+    def _check_params(self):
+        if not (is_int(self.rank) and self.rank >= 1):
+            raise ValueError(f"rank must be an integer >= 1; got {self.rank!r}.")
+        self._check_common_params()
+
+    def _make_fitter(self, n_clusters, n_features):
+        return _LowRankFitter(self.rank)
+
+    def _polish_iter(self):
+        return 0
