@@ -114,8 +114,8 @@ def factored_lloyd(data, centers_init, fitter, *, max_iter, tol, rng, polish_ite
         labels_old[:] = labels
         obj_refit, kept, relocated, before, after = refit(fitter.warm_iter)
         history.append(obj_refit)
-        log.record(it, step="refit", objective=obj_refit, kept=kept, relocated=relocated,
-                   seconds=time.perf_counter() - t1)
+        log.record(it, step="refit", objective=obj_refit, kept=kept, refit=getattr(fitter, "last_refit", None),
+                   relocated=relocated, seconds=time.perf_counter() - t1)
         converged = objective_prev - obj_refit <= tol * obj_refit
         objective_prev = obj_refit
         if converged:

@@ -52,20 +52,43 @@ def _training_operator(factors, dtype, previous):
 # Fitters: how a structure is fitted to weighted means (see _factored_lloyd)
 # --------------------------------------------------------------------------- #
 class _PalmFitter:
-    """``V = lambda * S_1 ... S_Q`` with ``sparsity_level`` entries per row and column of each factor."""
+    """``V = lambda * S_1 ... S_Q`` with ``sparsity_level`` entries per row and column of each factor.
 
-    def __init__(self, n_factors, sparsity_level, warm_iter, palm_tol):
+    Every refit warm-starts palm4MSA from the current factors. With
+    ``restarts``, refits number 1, 2, 4, 8, ... also factorise the weighted
+    means from scratch (hierarchical palm4MSA) and keep whichever fits
+    better; the restarts stop at the first one that loses. The supports found
+    from the initial seeds rarely suit the means the clusters settle to, and
+    warm PALM seldom moves a support far.
+    """
+
+    def __init__(self, n_factors, sparsity_level, warm_iter, palm_tol, restarts=True):
         self.n_factors = n_factors
         self.sparsity_level = sparsity_level
         self.warm_iter = warm_iter
         self.palm_tol = palm_tol
+        self.restarts = restarts
+        self.n_refits = 0
+        self.next_restart = 1
+        self.restarts_kept = 0
+        self.last_refit = None
 
-    def initial(self, U, rng):
-        return hierarchical_palm4msa(U, self.n_factors, sparsity_level=self.sparsity_level)
+    def initial(self, U, rng, weights=None):
+        return hierarchical_palm4msa(U, self.n_factors, sparsity_level=self.sparsity_level, weights=weights)
 
     def refit(self, U, weights, state, max_iter):
         result = palm4msa(U, state.factors, lambda_=state.lambda_, sparsity_level=self.sparsity_level,
                           weights=weights, max_iter=max_iter, tol=self.palm_tol)
+        self.n_refits += 1
+        if self.restarts and self.n_refits == self.next_restart:
+            fresh = self.initial(U, None, weights)
+            if fresh.objective < result.objective:
+                self.next_restart *= 2
+                self.restarts_kept += 1
+                self.last_refit = "hierarchical"
+                return fresh, fresh.objective
+            self.restarts = False
+        self.last_refit = "warm"
         return result, result.objective
 
     def dense(self, state):
@@ -79,7 +102,7 @@ class _PalmFitter:
         return _training_operator(self.factors(state), dtype, previous)
 
     def describe(self, state):
-        return {"nnz": int(sum(np.count_nonzero(f) for f in state.factors))}
+        return {"nnz": int(sum(np.count_nonzero(f) for f in state.factors)), "restarts_kept": self.restarts_kept}
 
 
 class _LowRankFitter:
@@ -168,13 +191,13 @@ class _FactoredKMeans(OperatorClusterMixin):
         self.n_features_in_ = X.shape[1]
         n_clusters = resolve_n_clusters(X, self.n_clusters, isinstance(self.init, str))
         rng = check_random_state(self.random_state)
-        fitter = self._make_fitter(n_clusters, X.shape[1])
         n_runs = self.n_init if isinstance(self.init, str) else 1
         best = None
         with numba_threads(effective_n_threads(self.n_jobs)):
             data = KMeansData(X)
             for run_id in range(n_runs):
                 centers0 = self._initial_centers(data, n_clusters, rng)
+                fitter = self._make_fitter(n_clusters, X.shape[1])
                 prefix = f"run {run_id + 1}: " if self.verbose else ""
                 log = IterationLog(self.verbose, prefix=prefix, callback=callback)
                 result = factored_lloyd(data, centers0, fitter, max_iter=self.max_iter, tol=self.tol, rng=rng,
