@@ -46,6 +46,25 @@ def test_train_predict_score_round_trip(files):
         assert name in r.stdout
 
 
+@pytest.mark.parametrize("algorithm, extra", [("qkmeans", ["--sparsity-level", 2, "--n-factors", 2]),
+                                               ("lowrank", ["--rank", 2])])
+def test_train_structured_centroids(files, algorithm, extra):
+    d, X, _ = files
+    r = run("train", "X.npy", "-k", 4, "--seed", 0, "--algorithm", algorithm, *extra, "--max-iter", 10,
+            "-o", f"{algorithm}.qkm", "--labels", f"{algorithm}.txt", "--json", cwd=d)
+    assert r.returncode == 0, r.stderr
+    model = load_model(d / f"{algorithm}.qkm")
+    assert model.kind == "factor-chain" and model.metadata["algorithm"] == algorithm
+    assert len(model.operator.factors) == 2
+    if algorithm == "qkmeans":
+        assert all((f.toarray() != 0).sum(axis=1).min() >= 2 for f in model.operator.factors)
+    np.testing.assert_array_equal(model.predict(X), np.loadtxt(d / f"{algorithm}.txt", dtype=int))
+    summary = __import__("json").loads(r.stdout)
+    assert summary["nnz"] == model.operator.nnz and summary["algorithm"] == algorithm
+    r = run("train", "X.npy", "-k", 4, "--algorithm", "qkmeans", "--sparsity-level", 0, "-o", "bad.qkm", cwd=d)
+    assert r.returncode == 2 and "sparsity_level must be an integer >= 1" in r.stderr
+
+
 def test_verbose_prints_every_iteration(files):
     d, _, _ = files
     r = run("train", "X.npy", "-k", 3, "--seed", 1, "-v", "-o", "v.qkm", cwd=d)
