@@ -118,6 +118,9 @@ def _cmd_train(args):
         "compression": round(float(est.operator_.compression), 3),
         "seconds": round(elapsed, 3),
     }
+    paths = est.operator_.describe().get("execution_paths")
+    if paths:  # which code path the centroid operator measured fastest, per batch kind/size
+        summary["execution_paths"] = paths
     print(json.dumps(summary) if args.json else "\n".join(f"{k}: {v}" for k, v in summary.items()))
     return 0
 
