@@ -55,6 +55,9 @@ BLOCK_WIDTH = 64
 #: Columns of V per work unit when folding the chain.
 FOLD_WIDTH = 64
 
+#: Parallel blocked kernel: work units per thread (each allocates its buffers once).
+CHUNKS_PER_THREAD = 2
+
 #: Forcing "fused": batches of at most this many rows use the per-sample kernel.
 SAMPLE_KERNEL_MAX_ROWS = 4
 
@@ -355,8 +358,13 @@ class FactorChainOperator(CentroidOperator):
             return
         n = X.shape[0]
         width = min(BLOCK_WIDTH, n)
-        chunk = CK._chunk_rows(width)
-        parallel = n > chunk and numba.get_num_threads() > 1
+        # Every sample is computed on its own (bit-identical in any block), so the work
+        # units may follow the thread count: a few per thread, each allocating its
+        # block buffers once (about 1.5 MB at D = 4096: per-256-row buffers cost page
+        # faults that two threads serialise on).
+        threads = numba.get_num_threads()
+        chunk = max(CK._chunk_rows(width), -(-n // (CHUNKS_PER_THREAD * threads * width)) * width)
+        parallel = n > chunk and threads > 1
         if sparse:
             kernel = CK.chain_block_csr_par if parallel else CK.chain_block_csr
             kernel(X.data, X.indices, X.indptr, width, chunk, *chain, labels, best)

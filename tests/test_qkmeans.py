@@ -192,3 +192,23 @@ def test_save_and_load_round_trip(fitted, tmp_path):
         assert (a != b).nnz == 0
     np.testing.assert_array_equal(model.predict(X), qk.labels_)
     np.testing.assert_allclose(model.transform(X), qk.transform(X), rtol=1e-12)
+
+
+@pytest.mark.parametrize("n_factors", [1, 2, 4])
+def test_any_number_of_factors(blobs, n_factors):
+    X = blobs[0]
+    qk = QKMeans(6, sparsity_level=2, n_factors=n_factors, max_iter=5, palm_max_iter=20, random_state=0).fit(X)
+    assert len(qk.factors_) == n_factors
+    assert qk.factors_[0].shape[0] == 6 and qk.factors_[-1].shape[1] == X.shape[1]
+    labels, _ = _brute_force(X, qk.cluster_centers_)
+    np.testing.assert_array_equal(qk.labels_, labels)
+
+
+def test_restarts_only_replace_a_worse_warm_refit(blobs):
+    X = blobs[0]
+    qk = QKMeans(8, sparsity_level=2, max_iter=10, palm_max_iter=20, random_state=0).fit(X)
+    refits = [r for r in qk.history_ if r["step"] == "refit"]
+    assert {r["refit"] for r in refits} <= {"warm", "hierarchical"}
+    # restarts happen at refits 1, 2, 4, 8, ... and stop at the first one that loses
+    hier = [i + 1 for i, r in enumerate(refits) if r["refit"] == "hierarchical"]
+    assert hier == [2 ** j for j in range(len(hier))]
