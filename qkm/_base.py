@@ -13,11 +13,12 @@ from sklearn.base import BaseEstimator, ClassNamePrefixFeaturesOutMixin, Cluster
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.utils.validation import check_is_fitted
 
-from ._init import distinct_row_indices
+from ._init import distinct_row_indices, kmeans_plusplus, random_rows
 from ._threads import effective_n_threads, numba_threads
-from ._validation import check_data, check_feature_count, check_n_clusters
+from ._validation import check_data, check_feature_count, check_init_array, check_n_clusters
 
-__all__ = ["OperatorClusterMixin", "resolve_n_clusters", "is_int", "check_nonnegative_float"]
+__all__ = ["OperatorClusterMixin", "resolve_n_clusters", "is_int", "check_nonnegative_float", "check_init",
+           "check_verbose", "initial_centers"]
 
 
 def is_int(value):
@@ -27,6 +28,29 @@ def is_int(value):
 def check_nonnegative_float(name, value):
     if not isinstance(value, numbers.Real) or isinstance(value, bool) or not value >= 0:
         raise ValueError(f"{name} must be a float >= 0; got {value!r}.")
+
+
+def check_init(init):
+    """``init`` is "k-means++", "random" or an array (checked against the data later)."""
+    if isinstance(init, str):
+        if init not in ("k-means++", "random"):
+            raise ValueError(f"init must be 'k-means++', 'random' or an array; got {init!r}.")
+    elif callable(init):
+        raise ValueError("init must be 'k-means++', 'random' or an array; callables are not supported.")
+
+
+def check_verbose(verbose):
+    if not (is_int(verbose) and verbose >= 0):
+        raise ValueError(f"verbose must be an integer >= 0; got {verbose!r}.")
+
+
+def initial_centers(init, data, n_clusters, rng):
+    """Seeds for one run: greedy k-means++, distinct random rows, or the given array."""
+    if isinstance(init, str) and init == "k-means++":
+        return kmeans_plusplus(data, n_clusters, rng)[0]
+    if isinstance(init, str):
+        return random_rows(data, n_clusters, rng)[0]
+    return check_init_array(init, n_clusters, data.n_features, data.dtype)
 
 
 def resolve_n_clusters(X, n_clusters, seeded_from_data, stacklevel=3):

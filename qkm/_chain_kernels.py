@@ -299,16 +299,22 @@ def _max_rows(meta):
     return m
 
 
-@njit(**_JIT)
-def _dense_chunk(X, start, stop, width, meta, ptr, idx, val, c_sq, labels, best):
-    D = X.shape[1]
+@njit(inline="always", **_JIT)
+def _block_buffers(meta, val, width):
+    """Per-work-unit buffers of the blocked kernels: two ping-pong lanes, a spare row, the running argmin."""
     m = _max_rows(meta)
-    T = np.empty((D, width), dtype=val.dtype)
     buf0 = np.empty((m, width), dtype=val.dtype)
     buf1 = np.empty((m, width), dtype=val.dtype)
     tmp = np.empty((1, width), dtype=val.dtype)
     best_d = np.empty(width, dtype=np.float64)
     best_k = np.empty(width, dtype=np.float64)
+    return buf0, buf1, tmp, best_d, best_k
+
+
+@njit(**_JIT)
+def _dense_chunk(X, start, stop, width, meta, ptr, idx, val, c_sq, labels, best):
+    T = np.empty((X.shape[1], width), dtype=val.dtype)
+    buf0, buf1, tmp, best_d, best_k = _block_buffers(meta, val, width)
     for r0 in range(start, stop, width):
         b = min(width, stop - r0)
         _block_dense(X, r0, b, meta, ptr, idx, val, c_sq, T, buf0, buf1, tmp, best_d, best_k, labels, best)
@@ -316,12 +322,7 @@ def _dense_chunk(X, start, stop, width, meta, ptr, idx, val, c_sq, labels, best)
 
 @njit(**_JIT)
 def _csr_chunk(data, indices, indptr, start, stop, width, meta, ptr, idx, val, c_sq, labels, best):
-    m = _max_rows(meta)
-    buf0 = np.empty((m, width), dtype=val.dtype)
-    buf1 = np.empty((m, width), dtype=val.dtype)
-    tmp = np.empty((1, width), dtype=val.dtype)
-    best_d = np.empty(width, dtype=np.float64)
-    best_k = np.empty(width, dtype=np.float64)
+    buf0, buf1, tmp, best_d, best_k = _block_buffers(meta, val, width)
     for r0 in range(start, stop, width):
         b = min(width, stop - r0)
         _block_csr(data, indices, indptr, r0, b, meta, ptr, idx, val, c_sq, buf0, buf1, tmp, best_d, best_k,

@@ -7,18 +7,18 @@ import scipy.sparse as sp
 from sklearn.utils import check_random_state
 from sklearn.utils.sparsefuncs import mean_variance_axis
 
-from ._base import OperatorClusterMixin, check_nonnegative_float, resolve_n_clusters, warn_if_clusters_lost
+from ._base import (OperatorClusterMixin, check_init, check_nonnegative_float, check_verbose, initial_centers,
+                    resolve_n_clusters, warn_if_clusters_lost)
 from ._base import is_int as _is_int
 from ._data import KMeansData
 from .operator import DenseOperator
 from ._elkan import kmeans_single_elkan
-from ._init import random_rows
 from ._init import kmeans_plusplus as _kmeans_plusplus
 from ._kernels import column_variances_dense
 from ._lloyd import kmeans_single_lloyd
 from ._stopping import IterationLog
 from ._threads import effective_n_threads, numba_threads
-from ._validation import check_data, check_init_array, check_n_clusters
+from ._validation import check_data, check_n_clusters
 
 __all__ = ["KMeans", "kmeans_plusplus"]
 
@@ -176,11 +176,7 @@ class KMeans(OperatorClusterMixin):
     # ------------------------------------------------------------------ #
     def _check_params(self):
         check_n_clusters(self.n_clusters)
-        if isinstance(self.init, str):
-            if self.init not in ("k-means++", "random"):
-                raise ValueError(f"init must be 'k-means++', 'random' or an array; got {self.init!r}.")
-        elif callable(self.init):
-            raise ValueError("init must be 'k-means++', 'random' or an array; callables are not supported.")
+        check_init(self.init)
         if not (self.n_init == "auto" or _is_int(self.n_init) and self.n_init >= 1):
             raise ValueError(f"n_init must be 'auto' or an integer >= 1; got {self.n_init!r}.")
         if not (_is_int(self.max_iter) and self.max_iter >= 1):
@@ -189,8 +185,7 @@ class KMeans(OperatorClusterMixin):
             check_nonnegative_float(name, getattr(self, name))
         if self.algorithm not in _ALGORITHMS:
             raise ValueError(f"algorithm must be one of {sorted(_ALGORITHMS)}; got {self.algorithm!r}.")
-        if not (_is_int(self.verbose) and self.verbose >= 0):
-            raise ValueError(f"verbose must be an integer >= 0; got {self.verbose!r}.")
+        check_verbose(self.verbose)
         effective_n_threads(self.n_jobs)
 
     def _n_runs(self):
@@ -204,13 +199,6 @@ class KMeans(OperatorClusterMixin):
                 return 1
             return int(self.n_init)
         return 10 if isinstance(self.init, str) and self.init == "random" else 1
-
-    def _initial_centers(self, data, n_clusters, rng):
-        if isinstance(self.init, str) and self.init == "k-means++":
-            return _kmeans_plusplus(data, n_clusters, rng)[0]
-        if isinstance(self.init, str):
-            return random_rows(data, n_clusters, rng)[0]
-        return check_init_array(self.init, n_clusters, data.n_features, data.dtype)
 
     def fit(self, X, y=None, *, callback=None):
         """Compute k-means clustering.
@@ -238,7 +226,7 @@ class KMeans(OperatorClusterMixin):
         with numba_threads(effective_n_threads(self.n_jobs)):
             data = KMeansData(X)
             for run_id in range(self._n_runs()):
-                centers0 = self._initial_centers(data, n_clusters, rng)
+                centers0 = initial_centers(self.init, data, n_clusters, rng)
                 log = IterationLog(self.verbose, prefix=f"run {run_id + 1}: " if self.verbose else "", callback=callback)
                 labels, inertia, centers, n_iter = run(
                     data, centers0, max_iter=self.max_iter, tol=tol, tol_wcss=self.tol_wcss,

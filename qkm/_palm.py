@@ -75,6 +75,17 @@ SPARSE_MAX_DENSITY = 0.15
 # --------------------------------------------------------------------------- #
 # Projections
 # --------------------------------------------------------------------------- #
+@njit(inline="always", **_JIT)
+def _scale_to_unit_norm(out, ss):
+    """Divide ``out`` by ``sqrt(ss)``, its Frobenius norm (an all-zero ``out`` stays zero)."""
+    if ss > 0.0:
+        inv = 1.0 / math.sqrt(ss)
+        n, m = out.shape
+        for i in range(n):
+            for j in range(m):
+                out[i, j] *= inv
+
+
 @njit(**_JIT)
 def splincol_into(
     Z,                              # IN  (n, m) float64
@@ -139,11 +150,7 @@ def splincol_into(
                 v = Z[i, j]
                 out[i, j] = v
                 ss += v * v
-    if ss > 0.0:
-        inv = 1.0 / math.sqrt(ss)
-        for i in range(n):
-            for j in range(m):
-                out[i, j] *= inv
+    _scale_to_unit_norm(out, ss)
 
 
 @njit(**_JIT)
@@ -166,11 +173,7 @@ def keep_above_into(
             v = Z[i, j] if keep else 0.0
             out[i, j] = v
             ss += v * v
-    if ss > 0.0:
-        inv = 1.0 / math.sqrt(ss)
-        for i in range(n):
-            for j in range(m):
-                out[i, j] *= inv
+    _scale_to_unit_norm(out, ss)
 
 
 @njit(**_JIT)

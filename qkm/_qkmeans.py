@@ -12,14 +12,13 @@ import math
 import numpy as np
 from sklearn.utils import check_random_state
 
-from ._base import OperatorClusterMixin, check_nonnegative_float, is_int, resolve_n_clusters, warn_if_clusters_lost
+from ._base import (OperatorClusterMixin, check_init, check_nonnegative_float, check_verbose, initial_centers,
+                    is_int, resolve_n_clusters, warn_if_clusters_lost)
 from ._data import KMeansData
 from ._factored_lloyd import factored_lloyd
-from ._init import kmeans_plusplus as _kmeans_plusplus
-from ._init import random_rows
 from ._stopping import IterationLog
 from ._threads import effective_n_threads, numba_threads
-from ._validation import check_data, check_init_array
+from ._validation import check_data
 from ._chain import ChainCalibration
 from .operator import FactorChainOperator
 from .palm4msa import hierarchical_palm4msa, palm4msa
@@ -150,26 +149,14 @@ class _FactoredKMeans(OperatorClusterMixin):
     """Shared fit for the structured-centroid estimators."""
 
     def _check_common_params(self):
-        if isinstance(self.init, str):
-            if self.init not in ("k-means++", "random"):
-                raise ValueError(f"init must be 'k-means++', 'random' or an array; got {self.init!r}.")
-        elif callable(self.init):
-            raise ValueError("init must be 'k-means++', 'random' or an array; callables are not supported.")
+        check_init(self.init)
         for name in ("n_init", "max_iter"):
             value = getattr(self, name)
             if not (is_int(value) and value >= 1):
                 raise ValueError(f"{name} must be an integer >= 1; got {value!r}.")
         check_nonnegative_float("tol", self.tol)
-        if not (is_int(self.verbose) and self.verbose >= 0):
-            raise ValueError(f"verbose must be an integer >= 0; got {self.verbose!r}.")
+        check_verbose(self.verbose)
         effective_n_threads(self.n_jobs)
-
-    def _initial_centers(self, data, n_clusters, rng):
-        if isinstance(self.init, str) and self.init == "k-means++":
-            return _kmeans_plusplus(data, n_clusters, rng)[0]
-        if isinstance(self.init, str):
-            return random_rows(data, n_clusters, rng)[0]
-        return check_init_array(self.init, n_clusters, data.n_features, data.dtype)
 
     def fit(self, X, y=None, *, callback=None):
         """Fit the structured centroids.
@@ -196,7 +183,7 @@ class _FactoredKMeans(OperatorClusterMixin):
         with numba_threads(effective_n_threads(self.n_jobs)):
             data = KMeansData(X)
             for run_id in range(n_runs):
-                centers0 = self._initial_centers(data, n_clusters, rng)
+                centers0 = initial_centers(self.init, data, n_clusters, rng)
                 fitter = self._make_fitter(n_clusters, X.shape[1])
                 prefix = f"run {run_id + 1}: " if self.verbose else ""
                 log = IterationLog(self.verbose, prefix=prefix, callback=callback)
