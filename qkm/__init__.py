@@ -17,5 +17,16 @@ __version__ = "0.1.0"
 
 from ._kmeans import KMeans, kmeans_plusplus
 from ._qkmeans import LowRankKMeans, QKMeans
+from .neighbors import ClusterIndex
+from .nystroem import Nystroem, kernel_approximation_error
 
-__all__ = ["KMeans", "LowRankKMeans", "QKMeans", "kmeans_plusplus", "__version__"]
+__all__ = [
+    "ClusterIndex",
+    "KMeans",
+    "LowRankKMeans",
+    "Nystroem",
+    "QKMeans",
+    "kernel_approximation_error",
+    "kmeans_plusplus",
+    "__version__",
+]
