@@ -2,13 +2,17 @@
 
 Layout of a model file::
 
-    header.json        {"format": "qkm-model", "format_version": 1, "kind": ...,
+    header.json        {"format": "qkm-model", "format_version": 2, "kind": "kmeans" | "factor-chain",
+                        "checksum": "sha256:...",          # over all array checksums
                         "arrays": {name: {"sha256": ..., "dtype": ..., "shape": ...}},
-                        "metadata": {...}}
-    arrays/<name>.npy  one entry per array, read with allow_pickle=False
+                        "metadata": {...},                 # K, D, nnz, algorithm, objective, ...
+                        "parts": {"index": {...}, "nystroem": {...}}}   # optional
+    arrays/<name>.npy  one entry per array, read with allow_pickle=False:
+                       cluster_centers, or factor{i}_indptr/indices/data/shape;
+                       sq_norms; index.<name> and nystroem.<name> for the parts
 
-Loading checks the magic, the version and every checksum and says which one
-failed. Writing goes through a temporary file and a rename, so a failure
+Loading checks the magic, the version, every checksum and every sparse index
+and says which one failed. Writing goes through a temporary file and a rename, so a failure
 never leaves a half-written model nor touches an existing one.
 """
 
@@ -22,10 +26,12 @@ import numpy as np
 from qkm import __version__
 from qkm._atomic import atomic_open
 
+from ._model import Model, content_checksum, operator_arrays
+
 __all__ = ["FORMAT_VERSION", "ModelFormatError", "LoadedModel", "save_model", "load_model"]
 
 FORMAT_NAME = "qkm-model"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: squared norms, content checksum, optional index / nystroem parts
 
 
 class ModelFormatError(ValueError):
@@ -36,42 +42,6 @@ def _array_bytes(arr):
     buf = io.BytesIO()
     np.lib.format.write_array(buf, np.ascontiguousarray(arr), allow_pickle=False)
     return buf.getvalue()
-
-
-def _json_params(estimator):
-    return {k: v for k, v in estimator.get_params().items() if isinstance(v, (int, float, str, type(None)))}
-
-
-def _fitted_arrays(estimator):
-    """The arrays and metadata that define a fitted estimator."""
-    from qkm import KMeans, LowRankKMeans, QKMeans
-
-    if not isinstance(estimator, (KMeans, QKMeans, LowRankKMeans)) or not hasattr(estimator, "operator_"):
-        raise TypeError(f"save_model needs a fitted qkm.KMeans, QKMeans or LowRankKMeans; got {type(estimator).__name__}.")
-    metadata = {
-        "estimator": type(estimator).__name__,
-        "n_clusters": int(estimator.n_clusters_),
-        "n_features": int(estimator.n_features_in_),
-        "dtype": str(estimator.operator_.dtype),
-        "inertia": float(estimator.inertia_),
-        "n_iter": int(estimator.n_iter_),
-        "nnz": int(estimator.operator_.nnz),
-        "compression": float(estimator.operator_.compression),
-        "params": _json_params(estimator),
-    }
-    if isinstance(estimator, KMeans):
-        metadata["algorithm"] = estimator.algorithm
-        return "kmeans", {"cluster_centers": estimator.cluster_centers_}, metadata
-    metadata["algorithm"] = "qkmeans" if isinstance(estimator, QKMeans) else "lowrank"
-    arrays = {}
-    for i, factor in enumerate(estimator.operator_.factors):
-        csr = factor.tocsr()
-        arrays[f"factor{i}_indptr"] = csr.indptr.astype(np.int64)
-        arrays[f"factor{i}_indices"] = csr.indices.astype(np.int64)
-        arrays[f"factor{i}_data"] = csr.data
-        arrays[f"factor{i}_shape"] = np.asarray(csr.shape, dtype=np.int64)
-    metadata["n_factors"] = len(estimator.operator_.factors)
-    return "factor-chain", arrays, metadata
 
 
 def _factors_from_arrays(arrays, n_factors, path):
@@ -94,17 +64,54 @@ def _factors_from_arrays(arrays, n_factors, path):
     return factors
 
 
-def save_model(estimator, path, *, extra_metadata=None):
-    """Write a fitted estimator in the safe format, atomically.
+
+def _operator_from_arrays(kind, arrays, metadata, path):
+    from qkm.operator import DenseOperator, FactorChainOperator
+
+    if kind == "kmeans":
+        centers = arrays.get("cluster_centers")
+        if centers is None or centers.ndim != 2 or centers.dtype.kind != "f" or 0 in centers.shape:
+            raise ModelFormatError(f"{path}: 'cluster_centers' is missing or not a non-empty 2-D float array.")
+        if not np.all(np.isfinite(centers)):
+            raise ModelFormatError(f"{path}: 'cluster_centers' holds NaN or infinite values.")
+        return DenseOperator(np.ascontiguousarray(centers))
+    if kind == "factor-chain":
+        n_factors = metadata.get("n_factors")
+        if not isinstance(n_factors, int) or n_factors < 1:
+            raise ModelFormatError(f"{path}: metadata 'n_factors' must be a positive integer, got {n_factors!r}.")
+        factors = _factors_from_arrays(arrays, n_factors, path)
+        if any(f.dtype.kind != "f" or not np.all(np.isfinite(f.data)) for f in factors):
+            raise ModelFormatError(f"{path}: factor values must be finite floats.")
+        try:
+            return FactorChainOperator(factors, dtype=factors[0].dtype)
+        except ValueError as exc:
+            raise ModelFormatError(f"{path}: the factors do not form a valid chain ({exc}).") from exc
+    raise ModelFormatError(f"{path}: model kind {kind!r} is not supported by this qkm (version {__version__}).")
+
+
+_PARTS = {"index": "ClusterIndex", "nystroem": "Nystroem"}
+
+
+def save_model(estimator, path, *, index=None, nystroem=None, extra_metadata=None):
+    """Write a fitted model in the safe format, atomically.
 
     Parameters
     ----------
-    estimator : qkm.KMeans, qkm.QKMeans or qkm.LowRankKMeans
-        A fitted estimator.
+    estimator : fitted qkm.KMeans, QKMeans, LowRankKMeans, ClusterIndex, Nystroem or qkm.export.Model
+        What to save. A ClusterIndex or Nystroem is saved with its centroid operator.
     path : str or os.PathLike
         Destination; an existing file is replaced only once the new one is complete.
-    extra_metadata : dict, default=None
+    index : qkm.ClusterIndex, optional
+        A fitted search index built on the same operator, saved alongside.
+    nystroem : qkm.Nystroem, optional
+        A fitted Nyström map whose landmarks are the same operator, saved alongside.
+    extra_metadata : dict, optional
         JSON-serialisable facts to keep with the model (data fingerprint, command, ...).
+
+    Returns
+    -------
+    model : qkm.export.Model
+        The record written, with its content ``checksum`` set.
 
     Examples
     --------
@@ -112,127 +119,135 @@ def save_model(estimator, path, *, extra_metadata=None):
     >>> from qkm.export import save_model, load_model
     >>> km = qkm.KMeans(2, random_state=0).fit(np.array([[0.0], [1.0], [10.0], [11.0]]))
     >>> path = os.path.join(tempfile.mkdtemp(), "m.qkm")
-    >>> save_model(km, path)
-    >>> load_model(path).predict(np.array([[0.2], [10.5]])).tolist() == km.predict([[0.2], [10.5]]).tolist()
+    >>> written = save_model(km, path)
+    >>> loaded = load_model(path)
+    >>> loaded.predict(np.array([[0.2], [10.5]])).tolist() == km.predict([[0.2], [10.5]]).tolist()
+    True
+    >>> loaded.checksum == written.checksum
     True
     """
-    kind, arrays, metadata = _fitted_arrays(estimator)
-    if extra_metadata:
-        metadata.update(extra_metadata)
+    model = Model.from_estimator(estimator, index=index, nystroem=nystroem, extra_metadata=extra_metadata)
+    kind, arrays = operator_arrays(model.operator)
+    arrays["sq_norms"] = np.asarray(model.sq_norms, dtype=np.float64)
+    parts = {}
+    for part, cls_name in _PARTS.items():
+        obj = getattr(model, part)
+        if obj is None:
+            continue
+        part_arrays, part_metadata = obj._export_state()
+        for name, arr in part_arrays.items():
+            arr = np.asarray(arr)
+            if arr.dtype.hasobject:
+                raise TypeError(f"{cls_name} exported an object array {name!r}; the safe format stores numbers only.")
+            arrays[f"{part}.{name}"] = arr
+        parts[part] = {"class": cls_name, "metadata": part_metadata}
     payload = {name: _array_bytes(arr) for name, arr in arrays.items()}
+    hashes = {name: hashlib.sha256(blob).hexdigest() for name, blob in payload.items()}
+    model.checksum = content_checksum(hashes)
+    model.format_version = FORMAT_VERSION
     header = {
         "format": FORMAT_NAME,
         "format_version": FORMAT_VERSION,
         "qkm_version": __version__,
         "kind": kind,
-        "arrays": {
-            name: {
-                "sha256": hashlib.sha256(blob).hexdigest(),
-                "dtype": str(arrays[name].dtype),
-                "shape": list(arrays[name].shape),
-            }
-            for name, blob in payload.items()
-        },
-        "metadata": metadata,
+        "checksum": model.checksum,
+        "arrays": {name: {"sha256": hashes[name], "dtype": str(arrays[name].dtype), "shape": list(arrays[name].shape)}
+                   for name in payload},
+        "metadata": model.metadata,
+        "parts": parts,
     }
+    try:
+        header_bytes = json.dumps(header, indent=1, sort_keys=True, allow_nan=False).encode()
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"model metadata must be JSON-serialisable numbers and strings ({exc}).") from exc
     with atomic_open(path, "wb") as f:
         with zipfile.ZipFile(f, "w", compression=zipfile.ZIP_STORED) as zf:
-            zf.writestr("header.json", json.dumps(header, indent=1, sort_keys=True))
+            zf.writestr("header.json", header_bytes)
             for name, blob in payload.items():
                 zf.writestr(f"arrays/{name}.npy", blob)
+    return model
 
 
-class LoadedModel:
-    """A model read from the safe format; it predicts through its centroid operator.
-
-    Attributes
-    ----------
-    kind : {"kmeans", "factor-chain"}
-    metadata : dict
-    arrays : dict of name -> ndarray
-    operator : qkm.operator.CentroidOperator
-        The centroids (dense matrix or sparse factor chain).
-    """
-
-    def __init__(self, kind, arrays, metadata, header, operator):
-        self.kind = kind
-        self.arrays = arrays
-        self.metadata = metadata
-        self.header = header
-        self.operator = operator
-
-    @property
-    def n_clusters(self):
-        return self.operator.n_clusters
-
-    @property
-    def n_features(self):
-        return self.operator.n_features
-
-    def _check(self, X):
-        from qkm._validation import check_data, check_feature_count
-
-        X = check_data(X, dtype=self.operator.dtype)
-        check_feature_count(X, self.n_features, estimator="the model")
-        return X
-
-    def predict(self, X):
-        """Closest centre of each row."""
-        return self.operator.assign(self._check(X))[0]
-
-    def transform(self, X):
-        """Euclidean distances to every centre."""
-        return np.sqrt(self.operator.sq_distances(self._check(X)))
-
-
-def load_model(path):
-    """Read a model written by :func:`save_model`, verifying format and checksums.
-
-    Raises
-    ------
-    ModelFormatError
-        Not a qkm model, truncated or corrupted, or written by a newer format.
-    """
+def _read_header_and_arrays(path):
     try:
         zf = zipfile.ZipFile(path)
     except zipfile.BadZipFile as exc:
-        raise ModelFormatError(f"{path}: not a qkm model file (not a zip archive; truncated or another kind of file).") from exc
+        raise ModelFormatError(
+            f"{path}: not a qkm model file (not a zip archive: truncated, or another kind of file"
+            " - a joblib artefact loads with qkm.export.load_joblib)."
+        ) from exc
     with zf:
         try:
             header = json.loads(zf.read("header.json"))
         except KeyError as exc:
             raise ModelFormatError(f"{path}: not a qkm model file (no header.json).") from exc
-        except (ValueError, zipfile.BadZipFile) as exc:
+        except (ValueError, zipfile.BadZipFile, OSError) as exc:
             raise ModelFormatError(f"{path}: unreadable header ({exc}).") from exc
-        if header.get("format") != FORMAT_NAME:
-            raise ModelFormatError(f"{path}: not a qkm model file (format {header.get('format')!r}).")
+        if not isinstance(header, dict) or header.get("format") != FORMAT_NAME:
+            raise ModelFormatError(f"{path}: not a qkm model file (format {header.get('format') if isinstance(header, dict) else None!r}).")
         version = header.get("format_version")
-        if not isinstance(version, int) or version > FORMAT_VERSION:
+        if not isinstance(version, int) or version < 1 or version > FORMAT_VERSION:
             raise ModelFormatError(
-                f"{path}: model format version {version!r} is newer than this qkm reads "
-                f"({FORMAT_VERSION}); upgrade qkm (file written by qkm {header.get('qkm_version')})."
+                f"{path}: model format version {version!r} is not one this qkm reads (1 to {FORMAT_VERSION}); "
+                f"the file was written by qkm {header.get('qkm_version')}, this is qkm {__version__}: upgrade qkm."
             )
-        arrays = {}
-        for name, info in header.get("arrays", {}).items():
+        arrays, hashes = {}, {}
+        for name, info in (header.get("arrays") or {}).items():
             try:
                 blob = zf.read(f"arrays/{name}.npy")
-            except (KeyError, zipfile.BadZipFile, OSError) as exc:
+            except (KeyError, zipfile.BadZipFile, OSError, EOFError) as exc:
                 raise ModelFormatError(f"{path}: array {name!r} is missing, truncated or corrupted ({exc}).") from exc
-            if hashlib.sha256(blob).hexdigest() != info.get("sha256"):
+            hashes[name] = hashlib.sha256(blob).hexdigest()
+            if not isinstance(info, dict) or hashes[name] != info.get("sha256"):
                 raise ModelFormatError(f"{path}: checksum mismatch for array {name!r}: the file is corrupted.")
-            arrays[name] = np.lib.format.read_array(io.BytesIO(blob), allow_pickle=False)
-    from qkm.operator import DenseOperator, FactorChainOperator
+            try:
+                arrays[name] = np.lib.format.read_array(io.BytesIO(blob), allow_pickle=False)
+            except (ValueError, OSError) as exc:
+                raise ModelFormatError(f"{path}: array {name!r} is not a plain numeric .npy ({exc}).") from exc
+    return header, arrays, hashes
 
-    kind = header.get("kind")
-    metadata = header.get("metadata", {})
-    if kind == "kmeans" and "cluster_centers" in arrays and arrays["cluster_centers"].ndim == 2:
-        operator = DenseOperator(np.ascontiguousarray(arrays["cluster_centers"]))
-    elif kind == "factor-chain" and isinstance(metadata.get("n_factors"), int) and metadata["n_factors"] >= 1:
-        factors = _factors_from_arrays(arrays, metadata["n_factors"], path)
+
+def load_model(path):
+    """Read a model written by :func:`save_model`, verifying format, checksums and indices.
+
+    Returns
+    -------
+    model : qkm.export.Model
+        With ``predict``, ``transform``, ``operator``, ``metadata`` and, when
+        saved with them, ``index`` / ``search`` and ``nystroem`` / ``features``.
+
+    Raises
+    ------
+    ModelFormatError
+        Not a qkm model, truncated or corrupted, inconsistent, or written by a newer format.
+    """
+    header, arrays, hashes = _read_header_and_arrays(path)
+    metadata = header.get("metadata")
+    if not isinstance(metadata, dict):
+        raise ModelFormatError(f"{path}: the header has no metadata object.")
+    operator = _operator_from_arrays(header.get("kind"), arrays, metadata, path)
+    if "sq_norms" in arrays:
+        stored = arrays["sq_norms"]
+        if stored.shape != (operator.n_clusters,) or not np.allclose(stored, operator.row_sq_norms(), rtol=1e-6, atol=0):
+            raise ModelFormatError(f"{path}: stored squared norms do not match the centroids: the file is inconsistent.")
+    checksum = content_checksum(hashes)
+    if "checksum" in header and header["checksum"] != checksum:
+        raise ModelFormatError(f"{path}: the content checksum does not match the arrays: the file is corrupted.")
+    extras = {}
+    parts = header.get("parts") or {}
+    for part, info in parts.items():
+        if part not in _PARTS or not isinstance(info, dict):
+            raise ModelFormatError(f"{path}: unknown model part {part!r}; it needs a newer qkm.")
+        import qkm
+
+        cls = getattr(qkm, _PARTS[part])
+        prefix = part + "."
+        part_arrays = {name[len(prefix):]: arr for name, arr in arrays.items() if name.startswith(prefix)}
         try:
-            operator = FactorChainOperator(factors, dtype=factors[0].dtype)
-        except ValueError as exc:
-            raise ModelFormatError(f"{path}: the factors do not form a valid chain ({exc}).") from exc
-    else:
-        raise ModelFormatError(f"{path}: model kind {kind!r} is not supported by this qkm.")
-    return LoadedModel(kind, arrays, metadata, header, operator)
+            extras[part] = cls._from_export_state(operator, part_arrays, info.get("metadata") or {})
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ModelFormatError(f"{path}: the saved {_PARTS[part]} is inconsistent ({exc}).") from exc
+    return Model(operator, metadata, checksum=checksum, format_version=header["format_version"], **extras)
+
+
+LoadedModel = Model  # the name used before the Model record existed

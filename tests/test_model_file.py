@@ -1,4 +1,7 @@
-"""The safe model format: round trip, corruption, versions, atomic writes."""
+"""Model artefacts: the Model record, the safe format and the joblib artefact.
+
+Round trips, corruption, versions, wrong kinds of file and atomic writes.
+"""
 
 import json
 import zipfile
@@ -8,7 +11,16 @@ import pytest
 import scipy.sparse as sp
 
 import qkm
-from qkm.export import FORMAT_VERSION, ModelFormatError, load_model, save_model
+from qkm.export import (
+    FORMAT_VERSION,
+    Model,
+    ModelFormatError,
+    data_fingerprint,
+    load_joblib,
+    load_model,
+    save_joblib,
+    save_model,
+)
 
 
 @pytest.fixture(scope="module")
@@ -20,10 +32,11 @@ def test_round_trip_is_bit_identical(fitted, blobs, tmp_path):
     path = tmp_path / "m.qkm"
     save_model(fitted, path)
     model = load_model(path)
-    assert model.arrays["cluster_centers"].tobytes() == fitted.cluster_centers_.tobytes()
+    assert model.operator.to_dense().tobytes() == fitted.cluster_centers_.tobytes()
+    assert model.kind == "kmeans" and model.checksum.startswith("sha256:")
     np.testing.assert_array_equal(model.predict(blobs[0]), fitted.predict(blobs[0]))
     np.testing.assert_array_equal(model.predict(sp.csr_matrix(blobs[0])), fitted.labels_)
-    assert model.metadata["n_clusters"] == 5 and model.header["format_version"] == FORMAT_VERSION
+    assert model.metadata["n_clusters"] == 5 and model.format_version == FORMAT_VERSION
 
 
 def test_truncated_file_rejected(fitted, tmp_path):
@@ -76,3 +89,126 @@ def test_failed_write_keeps_the_old_file(fitted, tmp_path):
         save_model(fitted, path, extra_metadata={"bad": object()})
     assert path.read_bytes() == before
     assert [p.name for p in tmp_path.iterdir()] == ["m.qkm"]
+
+
+@pytest.fixture(scope="module")
+def fitted_chain(blobs):
+    return qkm.QKMeans(6, sparsity_level=2, max_iter=5, palm_max_iter=20, random_state=0).fit(blobs[0])
+
+
+def test_chain_round_trip_is_bit_identical(fitted_chain, blobs, tmp_path):
+    path = tmp_path / "qk.qkm"
+    written = save_model(fitted_chain, path, extra_metadata={"data_fingerprint": data_fingerprint(blobs[0])})
+    model = load_model(path)
+    assert model.kind == "factor-chain" and model.checksum == written.checksum
+    assert len(model.operator.factors) == len(fitted_chain.factors_)
+    for mine, theirs in zip(model.operator.factors, fitted_chain.factors_):
+        for part in ("indptr", "indices", "data"):
+            np.testing.assert_array_equal(getattr(mine, part), getattr(theirs, part))
+        assert mine.data.dtype == theirs.data.dtype
+    np.testing.assert_array_equal(model.predict(blobs[0]), fitted_chain.predict(blobs[0]))
+    np.testing.assert_array_equal(model.sq_norms, fitted_chain.operator_.row_sq_norms())
+
+
+def test_metadata_records_how_the_model_was_trained(fitted_chain, blobs, tmp_path):
+    path = tmp_path / "qk.qkm"
+    save_model(fitted_chain, path, extra_metadata={"data_fingerprint": data_fingerprint(blobs[0])})
+    meta = load_model(path).metadata
+    assert meta["algorithm"] == "qkmeans" and meta["estimator"] == "QKMeans"
+    assert meta["sparsity_level"] == 2 and meta["n_factors"] == len(fitted_chain.factors_)
+    assert meta["objective"] == fitted_chain.inertia_
+    assert (meta["n_clusters"], meta["n_features"]) == (6, blobs[0].shape[1])
+    assert meta["nnz"] == sum(f.nnz for f in fitted_chain.factors_) and meta["qkm_version"] == qkm.__version__
+    assert meta["data_fingerprint"] == data_fingerprint(blobs[0]) != data_fingerprint(blobs[0][:-1])
+    assert data_fingerprint(sp.csr_matrix(blobs[0])) != data_fingerprint(blobs[0])
+
+
+def test_model_record_predicts_like_the_estimator(fitted, blobs):
+    model = Model.from_estimator(fitted)
+    np.testing.assert_array_equal(model.predict(blobs[0]), fitted.labels_)
+    np.testing.assert_allclose(model.transform(blobs[0][:7]), fitted.transform(blobs[0][:7]))
+    assert model.describe()["n_clusters"] == 5 and not model.describe()["has_index"]
+    with pytest.raises(ValueError, match="features"):
+        model.predict(blobs[0][:, :2])
+    with pytest.raises(ValueError, match="no search index"):
+        model.search(blobs[0][:2])
+    with pytest.raises(TypeError, match="fitted"):
+        Model.from_estimator(qkm.KMeans(3))
+
+
+def test_interrupted_write_leaves_the_old_file(fitted, fitted_chain, tmp_path, monkeypatch):
+    path = tmp_path / "m.qkm"
+    save_model(fitted, path)
+    before = path.read_bytes()
+    calls = []
+
+    def failing_writestr(self, name, data, *args, **kwargs):
+        calls.append(name)
+        if len(calls) == 3:  # header and one array are already in the temporary file
+            raise OSError("disk full")
+        return original(self, name, data, *args, **kwargs)
+
+    original = zipfile.ZipFile.writestr
+    monkeypatch.setattr(zipfile.ZipFile, "writestr", failing_writestr)
+    with pytest.raises(OSError, match="disk full"):
+        save_model(fitted_chain, path)
+    monkeypatch.undo()
+    assert len(calls) == 3
+    assert path.read_bytes() == before and [p.name for p in tmp_path.iterdir()] == ["m.qkm"]
+    np.testing.assert_array_equal(load_model(path).operator.to_dense(), fitted.cluster_centers_)
+
+
+def test_out_of_range_factor_index_rejected(fitted_chain, tmp_path):
+    path = tmp_path / "qk.qkm"
+    save_model(fitted_chain, path)
+    with zipfile.ZipFile(path) as zf:
+        header = json.loads(zf.read("header.json"))
+        entries = {n: zf.read(n) for n in zf.namelist() if n != "header.json"}
+    import hashlib
+    import io
+
+    indices = np.load(io.BytesIO(entries["arrays/factor0_indices.npy"]))
+    indices[0] = 10**6
+    buf = io.BytesIO()
+    np.save(buf, indices)
+    entries["arrays/factor0_indices.npy"] = buf.getvalue()
+    header["arrays"]["factor0_indices"]["sha256"] = hashlib.sha256(buf.getvalue()).hexdigest()
+    header.pop("checksum")
+    bad = tmp_path / "bad.qkm"
+    with zipfile.ZipFile(bad, "w") as zf:
+        zf.writestr("header.json", json.dumps(header))
+        for n, b in entries.items():
+            zf.writestr(n, b)
+    with pytest.raises(ModelFormatError, match="factor 0 is not a valid CSR"):
+        load_model(bad)
+
+
+def test_joblib_round_trip(fitted_chain, blobs, tmp_path):
+    path = tmp_path / "qk.joblib"
+    save_joblib(fitted_chain, path)
+    again = load_joblib(path)
+    assert type(again) is qkm.QKMeans
+    np.testing.assert_array_equal(again.predict(blobs[0]), fitted_chain.labels_)
+    np.testing.assert_array_equal(again.cluster_centers_, fitted_chain.cluster_centers_)
+
+
+def test_joblib_rejects_wrong_files(fitted, tmp_path):
+    import joblib
+
+    path = tmp_path / "m.joblib"
+    save_joblib(fitted, path)
+    data = path.read_bytes()
+    truncated = tmp_path / "t.joblib"
+    truncated.write_bytes(data[: len(data) // 2])
+    with pytest.raises(ModelFormatError, match="t.joblib"):
+        load_joblib(truncated)
+    joblib.dump({"some": "dict"}, tmp_path / "other.joblib")
+    with pytest.raises(ModelFormatError, match="not a qkm artefact"):
+        load_joblib(tmp_path / "other.joblib")
+    save_model(fitted, tmp_path / "m.qkm")
+    with pytest.raises(ModelFormatError):
+        load_joblib(tmp_path / "m.qkm")
+    with pytest.raises(ModelFormatError, match="joblib"):
+        load_model(path)
+    with pytest.raises(TypeError, match="fitted"):
+        save_joblib(qkm.KMeans(2), tmp_path / "x.joblib")
