@@ -84,10 +84,10 @@ def _make_estimator(args, init):
 
 
 def _cmd_train(args):
-    from .export import save_model
+    from .export import data_fingerprint, save_model
     from .io import save_centroids, save_labels
 
-    X, _ = _load(args.data, args.format)
+    X, y_file = _load(args.data, args.format)
     init = args.init
     if init not in ("k-means++", "random"):
         init = np.load(init, allow_pickle=False)
@@ -100,8 +100,18 @@ def _cmd_train(args):
         if progress is not None:
             progress.close()
     elapsed = time.perf_counter() - t0
-    save_model(est, args.output, extra_metadata={"train_seconds": elapsed, "data": os.path.basename(args.data),
-                                                "n_samples": int(X.shape[0])})
+    index = nystroem = None
+    if args.with_index:  # inverted lists of the training rows, for approximate 1-NN search (/search)
+        from .neighbors import ClusterIndex
+
+        index = ClusterIndex(est).fit(X, y_file)
+    if args.with_features:  # Nyström RBF features with the trained centres as landmarks (/features)
+        from .nystroem import Nystroem
+
+        nystroem = Nystroem(n_components=est.n_clusters_, landmarks=est, gamma=args.gamma).fit(X)
+    save_model(est, args.output, index=index, nystroem=nystroem,
+               extra_metadata={"train_seconds": elapsed, "data": os.path.basename(args.data),
+                               "n_samples": int(X.shape[0]), "data_fingerprint": data_fingerprint(X)})
     if args.labels:
         save_labels(args.labels, est.labels_)
     if args.centroids:
@@ -121,6 +131,37 @@ def _cmd_train(args):
     paths = est.operator_.describe().get("execution_paths")
     if paths:  # which code path the centroid operator measured fastest, per batch kind/size
         summary["execution_paths"] = paths
+    print(json.dumps(summary) if args.json else "\n".join(f"{k}: {v}" for k, v in summary.items()))
+    return 0
+
+
+def _load_any_model(path, trust_pickle):
+    """A safe-format model, or a joblib artefact when the user trusts it."""
+    from .export import ModelFormatError, as_model, load_joblib, load_model
+
+    try:
+        return load_model(path)
+    except ModelFormatError:
+        if not trust_pickle:
+            raise
+    return as_model(load_joblib(path))
+
+
+def _cmd_export(args):
+    from .export import save_joblib, save_model, to_onnx
+
+    model = _load_any_model(args.model, args.trust_pickle)
+    if args.format == "onnx":
+        proto = to_onnx(model, args.output, encoding=args.encoding, scores=args.scores)
+        props = {p.key: p.value for p in proto.metadata_props}
+        summary = {"output": args.output, "format": "onnx", "encoding": props.get("qkm.encoding"),
+                   "bytes": os.path.getsize(args.output)}
+    elif args.format == "joblib":
+        save_joblib(model, args.output)
+        summary = {"output": args.output, "format": "joblib", "bytes": os.path.getsize(args.output)}
+    else:
+        save_model(model, args.output)
+        summary = {"output": args.output, "format": "safe", "bytes": os.path.getsize(args.output)}
     print(json.dumps(summary) if args.json else "\n".join(f"{k}: {v}" for k, v in summary.items()))
     return 0
 
@@ -208,10 +249,34 @@ def build_parser():
     p.add_argument("--format", default=None, help="force the data format (npy, csv, npz, svmlight, mtx, idx)")
     p.add_argument("--labels", default=None, help="also write the training labels (.npy or text)")
     p.add_argument("--centroids", default=None, help="also write the centres (.npy or .csv)")
+    p.add_argument("--with-index", action="store_true",
+                   help="also store a search index of the training rows (approximate 1-NN, 'qkm serve' /search); "
+                        "the model file then holds the training data")
+    p.add_argument("--with-features", action="store_true",
+                   help="also store Nyström RBF features with the centres as landmarks ('qkm serve' /features)")
+    p.add_argument("--gamma", type=float, default=None,
+                   help="RBF gamma for --with-features (default: qkm.Nystroem's default)")
     p.add_argument("-v", "--verbose", action="count", default=0, help="print the WCSS of every iteration on stderr")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.add_argument("--json", action="store_true", help="print the summary as one JSON line")
     p.set_defaults(func=_cmd_train)
+
+    p = sub.add_parser("export", help="convert a model file to ONNX, a joblib artefact or the safe format",
+                       description="Write a model as an ONNX graph (inputs X float32 [batch, D]; outputs label "
+                                   "int64 and distance float32, optionally scores [batch, K]), as a joblib "
+                                   "artefact (pickle) or again in the safe format.")
+    p.add_argument("model", help="model file (safe format; a joblib artefact only with --trust-pickle)")
+    p.add_argument("-o", "--output", required=True, help="file to write (atomically)")
+    p.add_argument("--format", choices=["onnx", "joblib", "safe"], default="onnx", help="default: onnx")
+    p.add_argument("--encoding", choices=["auto", "sparse", "hybrid", "dense"], default="auto",
+                   help="ONNX encoding of the centroid operator: sparse initializers, a sparse first stage plus "
+                        "a folded dense rest, or one dense matrix; auto times them in onnxruntime and keeps "
+                        "the fastest (default)")
+    p.add_argument("--scores", action="store_true", help="ONNX: also output the [batch, K] scores")
+    p.add_argument("--trust-pickle", action="store_true",
+                   help="allow MODEL to be a joblib artefact (pickle runs code: only for trusted files)")
+    p.add_argument("--json", action="store_true", help="print the summary as one JSON line")
+    p.set_defaults(func=_cmd_export)
 
     p = sub.add_parser("predict", help="assign the rows of a data file to the clusters of a model",
                        description="Print (or write) the index of the closest centre of every row.")
