@@ -113,3 +113,20 @@ def test_help_texts_are_complete(files):
     r = run("train", "--help", cwd=d)
     for option in ("--algorithm", "--init", "--n-init", "--max-iter", "--tol", "--tol-wcss", "--seed", "--labels"):
         assert option in r.stdout
+
+
+def test_export_joblib_and_safe_and_trust_pickle(files):
+    d, X, _ = files
+    assert run("train", "X.npy", "-k", 3, "--seed", 0, "-o", "e.qkm", "-q", cwd=d).returncode == 0
+    r = run("export", "e.qkm", "--format", "joblib", "-o", "e.joblib", "--json", cwd=d)
+    assert r.returncode == 0, r.stderr
+    assert __import__("json").loads(r.stdout)["format"] == "joblib"
+    from qkm.export import load_joblib
+
+    np.testing.assert_array_equal(load_joblib(d / "e.joblib").predict(X), load_model(d / "e.qkm").predict(X))
+    r = run("export", "e.joblib", "--format", "safe", "-o", "again.qkm", cwd=d)
+    assert r.returncode == 2 and "not a qkm model" in r.stderr  # pickle needs an explicit opt-in
+    r = run("export", "e.joblib", "--format", "safe", "-o", "again.qkm", "--trust-pickle", cwd=d)
+    assert r.returncode == 0, r.stderr
+    np.testing.assert_array_equal(load_model(d / "again.qkm").operator.to_dense(),
+                                  load_model(d / "e.qkm").operator.to_dense())
