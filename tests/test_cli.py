@@ -130,3 +130,17 @@ def test_export_joblib_and_safe_and_trust_pickle(files):
     assert r.returncode == 0, r.stderr
     np.testing.assert_array_equal(load_model(d / "again.qkm").operator.to_dense(),
                                   load_model(d / "e.qkm").operator.to_dense())
+
+
+def test_export_onnx_matches_predict(files):
+    import onnxruntime as ort
+
+    d, X, _ = files
+    assert run("train", "X.npy", "-k", 4, "--seed", 0, "--algorithm", "qkmeans", "--sparsity-level", 2,
+               "--max-iter", 5, "-o", "o.qkm", "-q", cwd=d).returncode == 0
+    r = run("export", "o.qkm", "--format", "onnx", "--encoding", "sparse", "-o", "o.onnx", "--json", cwd=d)
+    assert r.returncode == 0, r.stderr
+    assert __import__("json").loads(r.stdout)["encoding"] == "sparse"
+    session = ort.InferenceSession(str(d / "o.onnx"), providers=["CPUExecutionProvider"])
+    labels, _ = session.run(["label", "distance"], {"X": X.astype(np.float32)})
+    np.testing.assert_array_equal(labels, load_model(d / "o.qkm").predict(X.astype(np.float32)))
