@@ -17,10 +17,8 @@ __all__ = ["mean_sq_pairwise_distance", "heuristic_gamma", "rbf_to_landmarks", "
 def row_sq_norms(X):
     """``||x_i||^2`` of every row in float64, dense or CSR."""
     if sp.issparse(X):
-        data = X.data.astype(np.float64) ** 2
-        out = np.add.reduceat(data, X.indptr[:-1]) if data.size else np.zeros(X.shape[0])
-        out[np.diff(X.indptr) == 0] = 0.0  # reduceat copies the next value for empty rows
-        return out
+        rows = np.repeat(np.arange(X.shape[0]), np.diff(X.indptr))
+        return np.bincount(rows, weights=X.data.astype(np.float64) ** 2, minlength=X.shape[0])
     return np.einsum("ij,ij->i", X, X, dtype=np.float64)
 
 

@@ -203,6 +203,19 @@ def _cmd_score(args):
     return 0
 
 
+def _cmd_serve(args):
+    from .serve import ServeSettings, demo_model_path, run
+
+    api_key = args.api_key or os.environ.get("QKM_API_KEY") or None
+    limits = {name: getattr(args, name) for name in ("max_batch_rows", "max_body_bytes", "max_in_flight",
+                                                     "inference_threads", "model_name")
+              if getattr(args, name) is not None}
+    settings = ServeSettings(model_path=args.model or demo_model_path(), backend=args.backend, api_key=api_key,
+                             trust_pickle=args.trust_pickle, **limits)
+    return run(settings, host=args.host, port=args.port, workers=args.workers, log_level=args.log_level,
+               access_log=not args.no_access_log)
+
+
 def build_parser():
     """The argument parser of the ``qkm`` command."""
     parser = argparse.ArgumentParser(
@@ -296,6 +309,42 @@ def build_parser():
     p.add_argument("--format", default=None, help="force the data format")
     p.add_argument("--json", action="store_true", help="print the statistics as JSON")
     p.set_defaults(func=_cmd_score)
+
+    p = sub.add_parser("serve", help="serve a model over HTTP: /assign, /search, /features, /metrics, OIP v2",
+                       description="Serve a model file with FastAPI on uvicorn: POST /assign (nearest centroid), "
+                                   "/search (approximate k-NN, needs --with-index at training), /features "
+                                   "(Nystroem, needs --with-features); GET /healthz, /readyz, /model, /metrics "
+                                   "(Prometheus) and the Open Inference Protocol v2 routes. Rows as JSON (dense or "
+                                   "sparse), raw float32 (X-Shape: B,D) or .npy. API docs at /docs. SIGINT or "
+                                   "SIGTERM stops it gracefully (exit status 0).")
+    p.add_argument("model", nargs="?", default=None,
+                   help="model file (safe format; a joblib artefact only with --trust-pickle); default: the demo "
+                        "model models/fashion_mnist_qkmeans.qkm")
+    p.add_argument("--host", default="127.0.0.1", help="interface to listen on (default: 127.0.0.1, loopback only)")
+    p.add_argument("--port", type=int, default=8000, help="TCP port (default: 8000)")
+    p.add_argument("--workers", type=int, default=1,
+                   help="worker processes, each loading its own copy of the model (default: 1)")
+    p.add_argument("--backend", choices=["numba", "onnx"], default="numba",
+                   help="what computes /assign: the centroid operator (numba/BLAS) or onnxruntime on the model "
+                        "exported to ONNX at start-up (default: numba)")
+    p.add_argument("--model-name", default=None,
+                   help="name in the /v2/models/{name} routes (default: the file name without suffix)")
+    p.add_argument("--max-batch-rows", type=int, default=None, help="413 above this many rows (default: 4096)")
+    p.add_argument("--max-body-bytes", type=int, default=None, help="413 above this body size (default: 32 MiB)")
+    p.add_argument("--max-in-flight", type=int, default=None,
+                   help="inference requests one worker admits at once; more get 503 + Retry-After (default: 64)")
+    p.add_argument("--inference-threads", type=int, default=None,
+                   help="inference calls one worker runs at once (default: 2)")
+    p.add_argument("--api-key", default=None,
+                   help="require 'Authorization: Bearer KEY' or 'X-API-Key: KEY' (health probes and docs stay "
+                        "open); better set QKM_API_KEY, since command lines are visible to other users")
+    p.add_argument("--trust-pickle", action="store_true",
+                   help="allow MODEL to be a joblib artefact (pickle runs code: only for trusted files)")
+    p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
+                   help="uvicorn log level (default: info)")
+    p.add_argument("--no-access-log", action="store_true",
+                   help="no line per request (the access log never holds bodies or headers)")
+    p.set_defaults(func=_cmd_serve)
     return parser
 
 

@@ -57,3 +57,21 @@ def kmeans_plusplus(X, K, random_state, n_local_trials):
         pot, closest = pots[b], d[b]
         idx.append(int(cand[b]))
     return np.array(idx)
+
+
+def rbf_kernel(X, Y, gamma):
+    """exp(-gamma ||x - y||^2) by explicit differences, (n, m)."""
+    return np.exp(-gamma * sq_distances(X, Y))
+
+
+def mean_sq_pairwise_distance(X):
+    """Mean of ||x_i - x_j||^2 over all n^2 ordered pairs (the QK-means paper's sigma^2)."""
+    Xd = dense(X)
+    return sq_distances(Xd, Xd).mean()
+
+
+def knn(Xq, X, k):
+    """Brute-force k nearest rows of X for every query: (distances, indices), ties to the lowest index."""
+    d = sq_distances(Xq, X)
+    idx = np.argsort(d, axis=1, kind="stable")[:, :k]
+    return np.sqrt(np.take_along_axis(d, idx, axis=1)), idx

@@ -2,7 +2,7 @@
 
 from sklearn.utils.estimator_checks import parametrize_with_checks
 
-from qkm import KMeans, LowRankKMeans, QKMeans
+from qkm import KMeans, LowRankKMeans, Nystroem, QKMeans
 
 
 @parametrize_with_checks([
@@ -10,6 +10,8 @@ from qkm import KMeans, LowRankKMeans, QKMeans
     KMeans(n_clusters=3, algorithm="elkan", random_state=0),
     QKMeans(n_clusters=3, sparsity_level=2, max_iter=10, palm_max_iter=30, random_state=0),
     LowRankKMeans(n_clusters=3, rank=2, random_state=0),
+    Nystroem(n_components=5, sparsity_level=2, landmark_params={"max_iter": 5, "palm_max_iter": 20}, random_state=0),
+    Nystroem(n_components=5, landmarks="uniform", random_state=0),
 ])
 def test_sklearn_compatible_estimator(estimator, check):
     check(estimator)
