@@ -6,7 +6,7 @@ QKM := $(VENV)/bin/qkm
 SAMPLE := qkm/datasets/fashion_mnist_2000.npz
 OUT := demo_out
 
-.PHONY: demo test bench clean
+.PHONY: demo models test bench clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -19,8 +19,20 @@ demo: $(VENV)/.installed
 	$(QKM) train $(SAMPLE) -k 10 --seed 0 --algorithm elkan -o $(OUT)/model.qkm --labels $(OUT)/train_labels.txt
 	$(QKM) predict $(OUT)/model.qkm $(SAMPLE) -o $(OUT)/predicted.npy
 	$(QKM) score $(SAMPLE) --model $(OUT)/model.qkm
-	$(QKM) train $(SAMPLE) -k 10 --seed 0 --algorithm qkmeans --sparsity-level 3 -o $(OUT)/qkmeans.qkm
+	$(QKM) train $(SAMPLE) -k 10 --seed 0 --algorithm qkmeans --sparsity-level 3 --with-index --with-features \
+		-o $(OUT)/qkmeans.qkm
 	$(QKM) score $(SAMPLE) --model $(OUT)/qkmeans.qkm
+	$(QKM) export $(OUT)/qkmeans.qkm --format onnx -o $(OUT)/qkmeans.onnx
+	@# serve it on a free loopback port (/assign through onnxruntime), query it, stop it even if a query fails
+	@port=$$($(PY) -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'); \
+	echo "$(QKM) serve $(OUT)/qkmeans.qkm --backend onnx --port $$port   (log: $(OUT)/serve.log)"; \
+	$(QKM) serve $(OUT)/qkmeans.qkm --backend onnx --port $$port > $(OUT)/serve.log 2>&1 & server=$$!; \
+	trap 'kill $$server 2>/dev/null; wait $$server; echo "server stopped (exit status $$?)"' EXIT; \
+	$(PY) examples/serve_client.py http://127.0.0.1:$$port --wait 120 || { tail -n 20 $(OUT)/serve.log; exit 1; }
+
+# the demo model that `qkm serve` serves without a model argument (see models/README.md)
+models: $(VENV)/.installed
+	$(PY) models/build_demo_model.py
 
 test: $(VENV)/.installed
 	$(PY) -m pytest -q

@@ -1,0 +1,256 @@
+"""The FastAPI application: :func:`create_app`, the routes and the error handlers.
+
+Inference routes go through :meth:`qkm.serve.service.Service.answer` (bounded
+in-flight slots, body size limit, work in the inference thread pool). Client errors are :class:`~qkm.serve.errors.RequestError`
+and become ``{"error": ...}`` with their status; so do FastAPI's own 404/405/422
+(422 is answered as 400). Anything else is a bug: 500 ``{"error": "internal
+error"}``, logged with its traceback but never with the request body.
+"""
+
+import contextlib
+import os
+
+import anyio.to_thread
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from qkm import __version__
+
+from . import openapi as docs
+from .backend import load_model_file
+from .decode import JSON
+from .errors import RequestError
+from .limits import RETRY_AFTER_SECONDS
+from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from .middleware import ServiceMiddleware
+from .oip import model_metadata
+from .service import Service
+from .settings import ServeSettings, demo_model_path
+
+__all__ = ["create_app"]
+
+_DESCRIPTION = """\
+Cluster assignment, approximate nearest-neighbour search and Nyström features of one qkm model.
+
+**Bodies.** Rows go in as JSON (`{"instances": [[...], ...]}` dense, or `{"indices": [[...]], "values": [[...]]}`
+sparse), as raw little-endian float32 (`Content-Type: application/octet-stream` with `X-Shape: B,D`), or as
+one `.npy` array (`application/x-npy`). Answers come back in the same family: JSON, raw arrays one after the
+other (described by the `X-Shape` and `X-Fields` headers), or one `.npy` (structured when it has several fields).
+
+**Errors** are `{"error": "..."}`: 400 bad input, 401 API key, 404 unknown model or missing part, 413 too big,
+415 content type, 503 overloaded (with `Retry-After`). KServe-style clients can use the Open Inference Protocol
+v2 routes under `/v2`.
+"""
+
+
+def _error(status, message, headers=None):
+    return JSONResponse({"error": message}, status_code=status, headers=headers)
+
+
+def _install_error_handlers(app):
+    @app.exception_handler(RequestError)
+    async def request_error(request, exc):
+        return _error(exc.status, exc.message, exc.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request, exc):
+        problems = "; ".join(f"{'.'.join(map(str, e.get('loc', ())))}: {e.get('msg')}" for e in exc.errors())
+        return _error(400, f"invalid request: {problems}")
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request, exc):
+        return _error(exc.status_code, str(exc.detail), getattr(exc, "headers", None))
+
+    @app.exception_handler(Exception)
+    async def internal_error(request, exc):  # logged by the server with its traceback; never the body
+        return _error(500, "internal error; see the server log.")
+
+
+def create_app(model=None, *, settings=None, **options):
+    """The FastAPI application serving one qkm model.
+
+    The model is loaded when the application is created (in each uvicorn
+    worker, after it starts); start-up (the ASGI lifespan) runs every inference
+    path once, and ``/readyz`` answers 200 only after that.
+
+    Parameters
+    ----------
+    model : str, os.PathLike or qkm.export.Model, default=None
+        Model file (safe format; a joblib artefact only with
+        ``trust_pickle=True``) or an already loaded model. ``None`` serves the
+        demo model shipped in ``models/`` (:func:`qkm.serve.demo_model_path`).
+    settings : qkm.serve.ServeSettings, optional
+        All settings at once (then ``model`` must be None or a loaded model).
+    **options
+        Any :class:`~qkm.serve.ServeSettings` field: ``backend``
+        (``"numba"`` or ``"onnx"``), ``model_name``, ``max_batch_rows``,
+        ``max_body_bytes``, ``max_in_flight``, ``inference_threads``,
+        ``numba_threads``, ``api_key``, ``trust_pickle``.
+
+    Returns
+    -------
+    app : fastapi.FastAPI
+        ``app.state.service`` is its :class:`~qkm.serve.service.Service`.
+
+    Examples
+    --------
+    >>> import numpy as np, qkm
+    >>> from fastapi.testclient import TestClient
+    >>> from qkm.export import Model
+    >>> km = qkm.KMeans(2, random_state=0).fit(np.array([[0.0, 0.0], [0.0, 1.0], [9.0, 9.0], [9.0, 10.0]]))
+    >>> with TestClient(create_app(Model.from_estimator(km))) as client:
+    ...     client.post("/assign", json={"instances": [[0.0, 0.5], [9.0, 9.0]]}).json()
+    {'labels': [1, 0], 'sq_distances': [0.0, 0.25]}
+    """
+    if settings is None:
+        is_path = model is None or isinstance(model, (str, os.PathLike))
+        path = (demo_model_path() if model is None else model) if is_path else "model"
+        settings = ServeSettings(model_path=path, **options)
+        loaded = load_model_file(settings.model_path, settings.trust_pickle) if is_path else model
+    elif options or isinstance(model, (str, os.PathLike)):
+        raise TypeError("with settings=, the model file is settings.model_path: pass no path and no options.")
+    else:
+        loaded = load_model_file(settings.model_path, settings.trust_pickle) if model is None else model
+    service = Service(settings, loaded)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        await anyio.to_thread.run_sync(service.warm_up)
+        yield
+        service.ready = False
+
+    app = FastAPI(title="qkm inference service", version=__version__, description=_DESCRIPTION,
+                  lifespan=lifespan)
+    app.state.service = service
+    _install_error_handlers(app)
+    _add_routes(app, service)
+    app.add_middleware(ServiceMiddleware, metrics=service.metrics, api_key=settings.api_key, router=app.router)
+    return app
+
+
+def _add_routes(app, service):
+    s = service.settings
+    name = s.model_name
+
+    # -- inference --------------------------------------------------------- #
+    @app.post("/assign", tags=["inference"], summary="Nearest centroid of each row",
+              openapi_extra=docs.rows_request_body(),
+              responses=docs.result_responses(docs.AssignResult, "labels as int64 then sq_distances as float64, "
+                                                                  "little-endian; headers X-Shape: B and X-Fields."))
+    async def assign(request: Request):
+        """Label (nearest centroid) and squared Euclidean distance to it, for every row."""
+        return await service.answer(request, "/assign", service.assign_answer)
+
+    @app.post("/search", tags=["inference"], summary="Approximate k nearest training rows",
+              openapi_extra={**docs.rows_request_body({"k": {"type": "integer", "minimum": 1},
+                                                       "nprobe": {"type": "integer", "minimum": 1}},
+                                                      {"k": 2, "nprobe": 3}),
+                             "parameters": docs.rows_request_body()["parameters"] + docs.search_parameters()},
+              responses={**docs.result_responses(docs.SearchResult, "indices int64, distances float64 and (if "
+                                                                    "present) labels int64, each B x k; headers "
+                                                                    "X-Shape: B,k and X-Fields."),
+                         404: {"model": docs.ErrorBody, "description": "The model has no search index."}})
+    async def search(request: Request):
+        """Approximate k-NN among the indexed training rows: each query scans the members of its ``nprobe``
+        nearest clusters. Returns row numbers, Euclidean distances and, if the index holds them, labels.
+        ``k`` and ``nprobe`` come from the query string or the JSON body."""
+        if not service.backend.has_index:
+            raise RequestError(404, "this model has no search index; train it with 'qkm train --with-index'.")
+        return await service.answer(request, "/search", service.search_answer)
+
+    @app.post("/features", tags=["inference"], summary="Nyström RBF features of each row",
+              openapi_extra=docs.rows_request_body(),
+              responses={**docs.result_responses(docs.FeaturesResult, "features float64, B x n_components; "
+                                                                      "headers X-Shape and X-Fields."),
+                         404: {"model": docs.ErrorBody, "description": "The model has no Nyström map."}})
+    async def features(request: Request):
+        """Nyström approximation of the RBF kernel feature map, with the centroids as landmarks."""
+        if not service.backend.has_features:
+            raise RequestError(404, "this model has no Nyström features; train it with 'qkm train --with-features'.")
+        return await service.answer(request, "/features", service.features_answer)
+
+    # -- health, model, metrics -------------------------------------------- #
+    @app.get("/healthz", tags=["health"], summary="Liveness",
+             responses={200: {"content": {"application/json": {"example": {"live": True}}}}})
+    async def healthz():
+        """200 while the process runs."""
+        return {"live": True}
+
+    @app.get("/readyz", tags=["health"], summary="Readiness",
+             responses={200: {"content": {"application/json": {"example": {"ready": True}}}},
+                        503: {"content": {"application/json": {"example": {"ready": False, "error": "warming up"}}}}})
+    async def readyz():
+        """200 once the model is loaded and every inference path ran once; 503 before and during shutdown."""
+        return _readiness(service)
+
+    @app.get("/model", tags=["model"], summary="Model metadata",
+             responses={200: {"content": {"application/json": {"example": {
+                 "name": "fashion_mnist_qkmeans", "kind": "factor-chain", "n_clusters": 10, "n_features": 784,
+                 "nnz": 2648, "compression": 2.96, "flops": 5296, "qkm_version": "0.1.0",
+                 "checksum": "sha256:...", "has_index": True, "has_features": True, "metadata": {},
+                 "serving": {}}}}}})
+    async def model_info():
+        """Kind, K, D, nnz, compression, FLOPs, qkm version, content checksum, parts, training metadata, limits."""
+        return service.describe()
+
+    @app.get("/metrics", tags=["model"], summary="Prometheus metrics", response_class=Response,
+             responses={200: {"content": {"text/plain": {"example": 'qkm_requests_total{endpoint="/assign",'
+                                                                    'status="200"} 12\n'}}}})
+    async def metrics():
+        """Requests by endpoint and status, latency and rows-per-request histograms, rows answered, in-flight
+        requests (Prometheus text format 0.0.4; per worker)."""
+        service.metrics.in_flight = service.in_flight.count
+        return Response(service.metrics.render(), media_type=METRICS_CONTENT_TYPE)
+
+    # -- Open Inference Protocol v2 ------------------------------------------ #
+    oip = ["Open Inference Protocol v2"]
+
+    def check_name(model_name):
+        if model_name != name:
+            raise RequestError(404, f"unknown model {model_name[:100]!r}; this server serves {name!r}.")
+
+    @app.get("/v2", tags=oip, summary="Server metadata")
+    async def v2_server():
+        return {"name": "qkm", "version": __version__, "extensions": []}
+
+    @app.get("/v2/health/live", tags=oip, summary="Liveness")
+    async def v2_live():
+        return {"live": True}
+
+    @app.get("/v2/health/ready", tags=oip, summary="Readiness")
+    async def v2_ready():
+        return _readiness(service)
+
+    @app.get("/v2/models/{model_name}", tags=oip, summary="Model metadata",
+             responses={404: {"model": docs.ErrorBody, "description": "Unknown model name."}})
+    async def v2_model(model_name: str):
+        """Input ``X`` FP32 ``[-1, D]``; outputs ``label`` INT64 and ``distance`` (squared) ``[-1]``."""
+        check_name(model_name)
+        desc = service.model.describe()
+        params = {k: desc.get(k) for k in ("kind", "n_clusters", "n_features", "nnz", "compression", "checksum")}
+        params.update(backend=s.backend, distance="squared euclidean")
+        distance_dtype = "float32" if s.backend == "onnx" else "float64"
+        return model_metadata(name, service.backend.n_features, distance_dtype, params)
+
+    @app.get("/v2/models/{model_name}/ready", tags=oip, summary="Model readiness")
+    async def v2_model_ready(model_name: str):
+        check_name(model_name)
+        return _readiness(service)
+
+    @app.post("/v2/models/{model_name}/infer", tags=oip, summary="Assign rows (v2 tensors)",
+              openapi_extra=docs.OIP_INFER_BODY,
+              responses={200: {"model": docs.InferResponse}, **docs.ERROR_RESPONSES,
+                         404: {"model": docs.ErrorBody, "description": "Unknown model name."}})
+    async def v2_infer(model_name: str, request: Request):
+        """The v2 REST infer call: input tensor ``X`` [B, D] in, ``label`` and ``distance`` out."""
+        check_name(model_name)
+        return await service.answer(request, "/v2/models/{model_name}/infer", service.infer_answer, kinds=(JSON,))
+
+
+def _readiness(service):
+    if service.ready:
+        return {"ready": True}
+    return JSONResponse({"ready": False, "error": "the model is warming up or the server is shutting down."},
+                        status_code=503, headers={"Retry-After": str(RETRY_AFTER_SECONDS)})

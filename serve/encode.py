@@ -1,0 +1,73 @@
+"""Results to response bodies, in the content-type family of the request.
+
+A result is an ordered list of named arrays of one shape (``labels`` and
+``sq_distances`` for ``/assign``; ``indices``, ``distances`` and maybe
+``labels`` for ``/search``; ``features`` for ``/features``):
+
+``json``
+    ``{"labels": [...], "sq_distances": [...]}``.
+``octet-stream``
+    the arrays one after the other, each little-endian and C-ordered, with
+    headers ``X-Shape: <shape of one array>`` and ``X-Fields: name:<dtype>,...``
+    (e.g. ``labels:<i8,sq_distances:<f8``) that say how to split the body.
+``npy``
+    one ``.npy`` array: the array itself when there is one field, else a
+    structured array with one field per name (``np.load(..)["labels"]``).
+"""
+
+import io
+import json
+
+import numpy as np
+
+from .decode import JSON, NPY, OCTET
+
+__all__ = ["encode_result", "MEDIA_TYPE"]
+
+MEDIA_TYPE = {JSON: "application/json", OCTET: "application/octet-stream", NPY: "application/x-npy"}
+
+#: Wire dtype of each kind of value: int64 labels/indices, float64 distances and features.
+_WIRE = {"i": np.dtype("<i8"), "u": np.dtype("<i8"), "f": np.dtype("<f8")}
+
+
+def _wire(arr):
+    arr = np.asarray(arr)
+    return np.ascontiguousarray(arr, dtype=_WIRE[arr.dtype.kind])
+
+
+def encode_result(kind, fields):
+    """``(body bytes, media type, extra headers)`` of named result arrays.
+
+    Parameters
+    ----------
+    kind : {"json", "octet-stream", "npy"}
+    fields : list of (str, ndarray)
+        Arrays of the same shape.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> body, media, headers = encode_result("octet-stream", [("labels", np.array([1, 0]))])
+    >>> len(body), media, headers
+    (16, 'application/octet-stream', {'X-Shape': '2', 'X-Fields': 'labels:<i8'})
+    >>> encode_result("json", [("labels", np.array([1, 0]))])[0]
+    b'{"labels": [1, 0]}'
+    """
+    arrays = [(name, _wire(arr)) for name, arr in fields]
+    if kind == JSON:
+        body = json.dumps({name: arr.tolist() for name, arr in arrays}, allow_nan=False).encode()
+        return body, MEDIA_TYPE[JSON], {}
+    shape = arrays[0][1].shape
+    if kind == OCTET:
+        headers = {"X-Shape": ",".join(map(str, shape)),
+                   "X-Fields": ",".join(f"{name}:{arr.dtype.str}" for name, arr in arrays)}
+        return b"".join(arr.tobytes() for _, arr in arrays), MEDIA_TYPE[OCTET], headers
+    if len(arrays) == 1:
+        out = arrays[0][1]
+    else:
+        out = np.empty(shape, dtype=[(name, arr.dtype) for name, arr in arrays])
+        for name, arr in arrays:
+            out[name] = arr
+    buf = io.BytesIO()
+    np.lib.format.write_array(buf, out, allow_pickle=False)
+    return buf.getvalue(), MEDIA_TYPE[NPY], {}

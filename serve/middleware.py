@@ -1,0 +1,93 @@
+"""Pure ASGI middleware around every request: API-key check (401) and request metrics.
+
+Written against raw ASGI (no ``BaseHTTPMiddleware``) because it runs on every
+request and must cost microseconds. It never reads the body and never logs
+headers, so neither request bodies nor keys reach a log.
+"""
+
+import hmac
+import json
+import time
+
+__all__ = ["ServiceMiddleware", "OPEN_PATHS"]
+
+#: Paths answered without an API key: health probes and the API documentation.
+OPEN_PATHS = frozenset({"/healthz", "/readyz", "/v2/health/live", "/v2/health/ready",
+                        "/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json"})
+
+
+def _route_template(scope, router=None):
+    """Route path template of a request (``/v2/models/{name}/infer``), or ``"other"`` (bounded label set)."""
+    route = scope.get("route")
+    if route is None and router is not None:
+        from starlette.routing import Match
+
+        for candidate in router.routes:
+            if candidate.matches(scope)[0] is not Match.NONE:
+                route = candidate
+                break
+    return getattr(route, "path", None) or "other"
+
+
+class ServiceMiddleware:
+    """Checks the API key (if any) and records status, latency and endpoint of every HTTP request.
+
+    Parameters
+    ----------
+    app : ASGI application
+    metrics : qkm.serve.metrics.Metrics
+    api_key : str or None
+        Accepted as ``Authorization: Bearer <key>`` or ``X-API-Key: <key>``
+        (compared in constant time); ``None`` disables the check.
+    router : starlette.routing.Router, optional
+        Used to name the route of a refused request in the metrics.
+    """
+
+    def __init__(self, app, metrics, api_key=None, router=None):
+        self.app = app
+        self.metrics = metrics
+        self._key = api_key.encode() if api_key is not None else None
+        self.router = router  # to label refused (401) requests with their route
+
+    def _authorized(self, scope):
+        if self._key is None or scope["path"] in OPEN_PATHS:
+            return True
+        for name, value in scope["headers"]:
+            if name == b"authorization" and value[:7].lower() == b"bearer ":
+                if hmac.compare_digest(value[7:].strip(), self._key):
+                    return True
+            elif name == b"x-api-key" and hmac.compare_digest(value.strip(), self._key):
+                return True
+        return False
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        start = time.perf_counter()
+        status = 500  # if the application fails before answering
+
+        async def send_and_note_status(message):
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            if self._authorized(scope):
+                await self.app(scope, receive, send_and_note_status)
+            else:
+                status = 401
+                await _send_json(send, 401, {"error": "missing or wrong API key: send 'Authorization: Bearer <key>' "
+                                                      "or 'X-API-Key: <key>'."},
+                                 [(b"www-authenticate", b'Bearer realm="qkm"')])
+        finally:
+            self.metrics.observe_request(_route_template(scope, self.router), status, time.perf_counter() - start)
+
+
+async def _send_json(send, status, obj, headers=()):
+    body = json.dumps(obj).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                            *headers]})
+    await send({"type": "http.response.body", "body": body})

@@ -1,0 +1,154 @@
+"""One worker's serving state and the work behind each inference route.
+
+:class:`Service` holds the model's :class:`~qkm.serve.backend.InferenceBackend`,
+the limits, the metrics and the readiness flag. :meth:`Service.answer` is the
+body shared by the inference routes: it admits the request into a bounded
+number of in-flight slots (503 beyond it), reads the body with a size limit
+(413), then runs decode, validation, computation and encoding in the inference
+thread pool, so the event loop only moves bytes.
+"""
+
+import json
+import logging
+import os
+
+from fastapi.responses import Response
+
+from qkm import __version__
+
+from .backend import InferenceBackend
+from .decode import (
+    JSON,
+    NPY,
+    OCTET,
+    decode_json,
+    int_param,
+    media_kind,
+    parse_shape_header,
+    rows_from_json,
+    rows_from_npy,
+    rows_from_octet,
+    validate_rows,
+)
+from .encode import MEDIA_TYPE, encode_result
+from .errors import RequestError
+from .limits import InferencePool, InFlightLimit, read_body
+from .metrics import Metrics
+from .oip import infer_response, rows_from_infer_request
+
+__all__ = ["Service", "MAX_K"]
+
+log = logging.getLogger("qkm.serve")
+
+#: Largest ``k`` accepted by ``/search``.
+MAX_K = 1024
+
+
+class Service:
+    """One worker's model, limits, metrics and readiness; its ``*_answer`` methods run in the inference pool.
+
+    Parameters
+    ----------
+    settings : ServeSettings
+    model : qkm.export.Model
+    """
+
+    def __init__(self, settings, model):
+        self.settings = settings
+        self.backend = InferenceBackend(model, settings.backend, settings.numba_threads)
+        self.model = model
+        self.ready = False
+        self.in_flight = InFlightLimit(settings.max_in_flight)
+        self.pool = InferencePool(settings.inference_threads)
+        self.metrics = Metrics({
+            "name": settings.model_name, "kind": getattr(model, "kind", "unknown"), "backend": settings.backend,
+            "n_clusters": int(model.n_clusters), "n_features": int(model.n_features),
+            "checksum": getattr(model, "checksum", None) or "",
+        })
+
+    # -- start-up ---------------------------------------------------------- #
+    def warm_up(self):
+        """Run every inference path once (blocking), then report ready."""
+        self.backend.warm_up()
+        self.ready = True
+        log.info("qkm serve: model %r (%s backend) loaded and warmed up in worker %d",
+                 self.settings.model_name, self.settings.backend, os.getpid())
+
+    # -- facts ------------------------------------------------------------- #
+    def describe(self):
+        s = self.settings
+        return {
+            "name": s.model_name,
+            **self.model.describe(),
+            "serving": {**self.backend.describe(), "qkm_version": __version__, "ready": self.ready,
+                        "max_batch_rows": s.max_batch_rows, "max_body_bytes": s.max_body_bytes,
+                        "max_in_flight": s.max_in_flight, "inference_threads": s.inference_threads,
+                        "distance": "squared Euclidean (/assign); Euclidean (/search)"},
+        }
+
+    # -- request handling, in the inference pool ------------------------------ #
+    def rows(self, body, kind, shape):
+        """Validated rows of a request body, and the JSON object when the body is JSON."""
+        s, n_features = self.settings, self.backend.n_features
+        obj = None
+        if kind == JSON:
+            obj = decode_json(body)
+            X = rows_from_json(obj, n_features, s.max_batch_rows)
+        elif kind == OCTET:
+            X = rows_from_octet(body, shape)
+        else:
+            X = rows_from_npy(body, n_features, s.max_batch_rows)
+        return validate_rows(X, n_features, s.max_batch_rows, self.backend.dtype), obj
+
+    def assign_answer(self, body, kind, shape, query):
+        X, _ = self.rows(body, kind, shape)
+        labels, sq_dist = _client_errors(self.backend.assign, X)
+        return (*encode_result(kind, [("labels", labels), ("sq_distances", sq_dist)]), X.shape[0])
+
+    def search_answer(self, body, kind, shape, query):
+        X, obj = self.rows(body, kind, shape)
+        params = {**query, **{k: v for k, v in (obj or {}).items() if k in ("k", "nprobe")}}
+        k = int_param(params.get("k"), "k", low=1, high=MAX_K, default=1)
+        nprobe = int_param(params.get("nprobe"), "nprobe", low=1, high=int(self.model.n_clusters))
+        distances, indices, labels = _client_errors(self.backend.search, X, k, nprobe)
+        fields = [("indices", indices), ("distances", distances)]
+        if labels is not None:
+            fields.append(("labels", labels))
+        return (*encode_result(kind, fields), X.shape[0])
+
+    def features_answer(self, body, kind, shape, query):
+        X, _ = self.rows(body, kind, shape)
+        features = _client_errors(self.backend.features, X)
+        return (*encode_result(kind, [("features", features)]), X.shape[0])
+
+    def infer_answer(self, body, kind, shape, query):
+        obj = decode_json(body)
+        X, outputs, request_id = rows_from_infer_request(obj, self.backend.n_features, self.settings.max_batch_rows)
+        X = validate_rows(X, self.backend.n_features, self.settings.max_batch_rows, self.backend.dtype)
+        labels, sq_dist = _client_errors(self.backend.assign, X)
+        out = infer_response(self.settings.model_name, request_id, outputs, labels, sq_dist)
+        return json.dumps(out).encode(), MEDIA_TYPE[JSON], {}, X.shape[0]
+
+    # -- the route body shared by every inference endpoint ------------------- #
+    async def answer(self, request, endpoint, handler, kinds=(JSON, OCTET, NPY)):
+        with self.in_flight.slot():
+            kind = media_kind(request.headers.get("content-type"))
+            if kind not in kinds:
+                raise RequestError(415, f"{endpoint} takes {' or '.join(MEDIA_TYPE[k] for k in kinds)}.")
+            shape = None
+            if kind == OCTET:
+                shape = parse_shape_header(request.headers.get("x-shape"), self.backend.n_features,
+                                           self.settings.max_batch_rows)
+            body = await read_body(request, self.settings.max_body_bytes)
+            content, media_type, headers, n_rows = await self.pool.run(
+                handler, body, kind, shape, dict(request.query_params))
+        self.metrics.observe_rows(endpoint, n_rows)
+        return Response(content, media_type=media_type, headers=headers)
+
+
+def _client_errors(func, *args):
+    """``func(*args)``, with the library's ValueError/TypeError (bad input) turned into 400."""
+    try:
+        return func(*args)
+    except (ValueError, TypeError) as exc:
+        raise RequestError(400, str(exc)) from None

@@ -1,0 +1,132 @@
+"""The real ``qkm serve`` process on 127.0.0.1: start, wait for /readyz, query with httpx, stop with a signal."""
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+import numpy as np
+import pytest
+
+from qkm.export import load_model
+from qkm.serve import demo_model_path
+
+QKM = [sys.executable, "-m", "qkm.cli"]
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """``qkm serve ...`` in a subprocess, its output in a log file."""
+
+    def __init__(self, args, log_path, env=None):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = log_path
+        self.log = open(log_path, "wb")
+        self.proc = subprocess.Popen([*QKM, "serve", *args, "--port", str(self.port)], stdout=self.log,
+                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                     env={**os.environ, **(env or {})})
+
+    def output(self):
+        if not self.log.closed:
+            self.log.flush()
+        return self.log_path.read_text(errors="replace")
+
+    def wait_ready(self, timeout=90):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                pytest.fail(f"qkm serve exited with {self.proc.returncode}:\n{self.output()}")
+            try:
+                if httpx.get(self.url + "/readyz", timeout=2).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.1)
+        pytest.fail(f"qkm serve not ready after {timeout} s:\n{self.output()}")
+
+    def stop(self, sig):
+        self.proc.send_signal(sig)
+        try:
+            return self.proc.wait(timeout=30)
+        finally:
+            self.close()
+
+    def close(self):
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self.log.close()
+
+
+@pytest.fixture
+def rows():
+    data = np.load(demo_model_path().parents[1] / "qkm" / "datasets" / "fashion_mnist_2000.npz")
+    return data["X"][:64].astype(np.float32)
+
+
+def test_serve_demo_model_and_stop_with_sigint(tmp_path, rows):
+    server = Server(["--no-access-log"], tmp_path / "serve.log")  # no MODEL: the demo model
+    try:
+        server.wait_ready()
+        model = load_model(demo_model_path())
+        with httpx.Client(base_url=server.url, timeout=30) as client:
+            assert client.get("/model").json()["checksum"] == model.checksum
+            labels, sq_dist = model.assign(rows)
+            out = client.post("/assign", json={"instances": rows[:8].tolist()}).json()
+            np.testing.assert_array_equal(out["labels"], labels[:8])
+            r = client.post("/assign", content=rows.tobytes(),
+                            headers={"Content-Type": "application/octet-stream", "X-Shape": "64,784"})
+            assert r.status_code == 200
+            np.testing.assert_array_equal(np.frombuffer(r.content[:64 * 8], "<i8"), labels)
+            np.testing.assert_allclose(np.frombuffer(r.content[64 * 8:], "<f8"), sq_dist, rtol=1e-4)
+            search = client.post("/search", json={"instances": rows[:2].tolist(), "k": 2}).json()
+            assert np.shape(search["indices"]) == (2, 2)
+            assert client.post("/assign", json={"instances": [[1.0]]}).status_code == 400
+            assert client.get("/healthz").status_code == 200  # still serving after the 400
+    except BaseException:
+        server.close()
+        raise
+    assert server.stop(signal.SIGINT) == 0, server.output()
+    log = server.output()
+    assert "warmed up" in log and "Shutting down" in log and "Traceback" not in log
+
+
+def test_two_workers_with_api_key_stop_with_sigterm(tmp_path, rows):
+    server = Server([str(demo_model_path()), "--workers", "2", "--model-name", "demo"], tmp_path / "serve.log",
+                    env={"QKM_API_KEY": "k3y-for-test"})
+    try:
+        server.wait_ready()
+        with httpx.Client(base_url=server.url, timeout=30) as client:
+            assert client.post("/assign", json={"instances": rows[:2].tolist()}).status_code == 401
+            body = {"inputs": [{"name": "X", "shape": [2, 784], "datatype": "FP32",
+                                "data": rows[:2].ravel().tolist()}]}
+            for _ in range(4):  # spread over both workers
+                r = client.post("/v2/models/demo/infer", json=body, headers={"X-API-Key": "k3y-for-test"})
+                assert r.status_code == 200 and r.json()["outputs"][0]["shape"] == [2]
+    except BaseException:
+        server.close()
+        raise
+    assert server.stop(signal.SIGTERM) == 0, server.output()
+    log = server.output()
+    assert log.count("warmed up") == 2  # each worker loaded and warmed its own model
+    assert "k3y-for-test" not in log and "Traceback" not in log
+
+
+@pytest.mark.parametrize("content, message", [(None, "model file not found"), (b"junk", "not a qkm model file")])
+def test_bad_model_file_fails_at_once(tmp_path, capsys, content, message):
+    from qkm.cli import main
+
+    path = tmp_path / "m.qkm"
+    if content is not None:
+        path.write_bytes(content)
+    assert main(["serve", str(path), "--port", str(free_port())]) == 2
+    assert message in capsys.readouterr().err
