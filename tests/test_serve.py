@@ -339,3 +339,32 @@ def test_float64_kmeans_model(tmp_path, blobs):
         binary = split_octet(c.post("/assign", content=X[:50].astype("<f4").tobytes(),
                                     headers={**OCTET, "X-Shape": "50,12"}))
         np.testing.assert_array_equal(binary["labels"], km.predict(X[:50].astype(np.float32)))
+
+
+def test_small_bodies_inline_large_bodies_in_the_pool_same_answers(model, rows, monkeypatch):
+    X = rows[0]
+    answers = {}
+    for inline in (0, 16 * 2**10):
+        app = create_app(model, inline_body_bytes=inline)
+        service = app.state.service
+        pooled = []
+        original = service.pool.run
+
+        async def counting_run(func, *args, _original=original, _pooled=pooled):
+            _pooled.append(len(args[0]))
+            return await _original(func, *args)
+
+        monkeypatch.setattr(service.pool, "run", counting_run)
+        with TestClient(app) as c:
+            one = c.post("/assign", json={"instances": X[:1].tolist()}).json()
+            many = split_octet(c.post("/assign", content=X.tobytes(), headers={**OCTET, "X-Shape": "%d,%d" % X.shape}))
+        answers[inline] = (one, many)
+        # 0: every request goes to the pool; 16 KiB: the 1-row JSON body is answered inline, the binary batch is not
+        assert len(pooled) == (2 if inline == 0 else 1)
+        assert inline == 0 or pooled == [X.nbytes]
+    assert answers[0][0] == answers[16 * 2**10][0]
+    for name in ("labels", "sq_distances"):
+        np.testing.assert_array_equal(answers[0][1][name], answers[16 * 2**10][1][name])
+    np.testing.assert_array_equal(answers[0][1]["labels"].ravel(), model.predict(X))
+    with pytest.raises(ValueError, match="inline_body_bytes"):
+        ServeSettings("m.qkm", inline_body_bytes=-1)
