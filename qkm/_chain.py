@@ -204,11 +204,45 @@ class FactorChainOperator(CentroidOperator):
         return self._V
 
     def apply(self, X):
-        """``X @ V.T`` as an (n, n_clusters) array of ``dtype``, through the CSR chain."""
+        """``X @ V.T`` as an (n, n_clusters) array of ``dtype``: the CSR chain or the folded ``V``, whichever is measured faster.
+
+        The full product (Nyström features, index probes, ``sq_distances``)
+        has two paths: the CSR factors applied right to left ("scipy") and one
+        BLAS product with the folded ``V`` ("dense"). The first batch of each
+        batch-size bucket times both and the faster is kept
+        (``describe()["execution_paths"]``, keys ``apply:...``). With a
+        bit-identical calibration (training) only the chain is used.
+        """
         X = self._prepare(X)
-        if X.shape[0] == 0:
+        n = X.shape[0]
+        if n == 0:
             return np.zeros((0, self.n_clusters), dtype=self.dtype)
+        if self._apply_path(n, sp.issparse(X), X) == "dense":
+            return self._dense_apply(X)
         return np.ascontiguousarray(self._scipy_dots(X).T)
+
+    def _dense_apply(self, X):
+        out = X @ self._V.T
+        return np.ascontiguousarray(out, dtype=self.dtype)
+
+    def _apply_path(self, n, sparse, X):
+        if self._forced in ("scipy", "dense"):
+            return self._forced
+        if self._forced is not None or self.calibration.bit_identical:
+            return "scipy"
+        name, _, n_timed, _ = _bucket(n)
+        key = "apply:" + self._key(name, sparse)
+        entry = self.calibration.entries.get(key)
+        if entry is None:
+            X = X[:min(n, n_timed)]
+            t0 = time.perf_counter()
+            seconds = _measure({"scipy": lambda: self._scipy_dots(X), "dense": lambda: self._dense_apply(X)})
+            m = X.shape[0]
+            per_row = {c: t / m for c, t in seconds.items()}
+            entry = {"path": min(per_row, key=per_row.get), "seconds_per_row": per_row, "rows_timed": int(m),
+                     "threads": numba.get_num_threads(), "timing_seconds": time.perf_counter() - t0}
+            self.calibration.entries[key] = entry
+        return entry["path"]
 
     def partials(self, X, labels, partial_best):
         n = X.shape[0]

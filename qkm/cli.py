@@ -1,4 +1,4 @@
-"""The ``qkm`` command line: ``qkm train``, ``qkm predict``, ``qkm score``.
+"""The ``qkm`` command line: ``qkm train``, ``predict``, ``score``, ``export`` and ``serve``.
 
 Run ``qkm COMMAND --help`` for the options of each command.
 """

@@ -141,7 +141,7 @@ def _add_routes(app, service):
                                                                   "little-endian; headers X-Shape: B and X-Fields."))
     async def assign(request: Request):
         """Label (nearest centroid) and squared Euclidean distance to it, for every row."""
-        return await service.answer(request, "/assign", service.assign_answer)
+        return await service.answer(request, "/assign", service.assign_answer, inline_ok=True)
 
     @app.post("/search", tags=["inference"], summary="Approximate k nearest training rows",
               openapi_extra={**docs.rows_request_body({"k": {"type": "integer", "minimum": 1},
@@ -246,7 +246,8 @@ def _add_routes(app, service):
     async def v2_infer(model_name: str, request: Request):
         """The v2 REST infer call: input tensor ``X`` [B, D] in, ``label`` and ``distance`` out."""
         check_name(model_name)
-        return await service.answer(request, "/v2/models/{model_name}/infer", service.infer_answer, kinds=(JSON,))
+        return await service.answer(request, "/v2/models/{model_name}/infer", service.infer_answer, kinds=(JSON,),
+                                    inline_ok=True)
 
 
 def _readiness(service):

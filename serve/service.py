@@ -5,9 +5,10 @@ the limits, the metrics and the readiness flag. :meth:`Service.answer` is the
 body shared by the inference routes: it admits the request into a bounded
 number of in-flight slots (503 beyond it), reads the body with a size limit
 (413), then runs decode, validation, computation and encoding in the inference
-thread pool, so the event loop only moves bytes; bodies of a few rows
-(``inline_body_bytes``) are answered on the event loop, where their
-microseconds of GIL-holding work cost less than the hand-off to a thread.
+thread pool, so the event loop only moves bytes. Assignment bodies of a few
+rows (``inline_body_bytes``) are answered on the event loop, where their
+microseconds of GIL-holding work cost less than the hand-off to a thread;
+search and features (whose cost grows with k, nprobe and K) always go to the pool.
 """
 
 import json
@@ -132,7 +133,7 @@ class Service:
         return json.dumps(out).encode(), MEDIA_TYPE[JSON], {}, X.shape[0]
 
     # -- the route body shared by every inference endpoint ------------------- #
-    async def answer(self, request, endpoint, handler, kinds=(JSON, OCTET, NPY)):
+    async def answer(self, request, endpoint, handler, kinds=(JSON, OCTET, NPY), inline_ok=False):
         with self.in_flight.slot():
             kind = media_kind(request.headers.get("content-type"))
             if kind not in kinds:
@@ -143,7 +144,7 @@ class Service:
                                            self.settings.max_batch_rows)
             body = await read_body(request, self.settings.max_body_bytes)
             args = (body, kind, shape, dict(request.query_params))
-            if len(body) <= self.settings.inline_body_bytes:  # a few rows: cheaper here than a thread hand-off
+            if inline_ok and len(body) <= self.settings.inline_body_bytes:  # a few rows: cheaper than a hand-off
                 content, media_type, headers, n_rows = handler(*args)
             else:
                 content, media_type, headers, n_rows = await self.pool.run(handler, *args)

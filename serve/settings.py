@@ -71,8 +71,9 @@ class ServeSettings:
     numba_threads : int, default=1
         numba threads per inference call (requests already run side by side).
     inline_body_bytes : int, default=16 KiB
-        Requests with a body at most this large (a few rows) are answered on
-        the event loop instead of in the thread pool: their work is JSON
+        Assignment requests (``/assign``, v2 ``infer``) with a body at most this
+        large (a few rows) are answered on the event loop instead of in the
+        thread pool: their work is JSON
         parsing and a microsecond-scale kernel call, which hold the GIL anyway,
         so the hand-off to a thread (0.3-0.4 ms) would cost more than it frees.
         0 sends every request to the pool.

@@ -311,3 +311,25 @@ def test_padding_rows_to_multiples_of_three_keeps_the_matrix():
         if w == -3:
             counts = np.diff(ptr)
             assert (counts % 3 == 0).all() and (counts >= 3).all()
+
+
+@pytest.mark.parametrize("sparse", [False, True])
+def test_full_product_path_is_measured_and_both_paths_agree(sparse):
+    op = FactorChainOperator(random_chain(32, 90, dtype=np.float64, seed=6))
+    for n in (1, 40, 600):
+        X = samples(op, n, seed=n, sparse=sparse)
+        ref = (X @ op.to_dense().T) if not sparse else X.toarray() @ op.to_dense().T
+        auto = op.apply(X)
+        entry = op.timings_["apply:" + op._key(_bucket_name(n), sparse)]
+        assert entry["path"] in ("scipy", "dense") and set(entry["seconds_per_row"]) == {"scipy", "dense"}
+        for path in ("scipy", "dense"):
+            op.force_path(path)
+            np.testing.assert_allclose(op.apply(X), ref, rtol=1e-10, atol=1e-10 * np.abs(ref).max())
+        op.force_path("auto")
+        np.testing.assert_allclose(auto, ref, rtol=1e-10, atol=1e-10 * np.abs(ref).max())
+        assert op.describe()["execution_paths"]["apply:" + op._key(_bucket_name(n), sparse)] == entry["path"]
+    # training operators only use the chain, whose results do not depend on a timing outcome
+    frozen = FactorChainOperator(op.factors, calibration=ChainCalibration(bit_identical=True))
+    X = samples(frozen, 5, seed=1, sparse=sparse)
+    np.testing.assert_array_equal(frozen.apply(X), np.ascontiguousarray(frozen._scipy_dots(X).T))
+    assert not any(k.startswith("apply:") for k in frozen.timings_)

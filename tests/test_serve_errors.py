@@ -256,7 +256,7 @@ def test_too_many_rows_gives_413(client):
 
 # -- overload ---------------------------------------------------------------------------- #
 def test_overload_gives_503_with_retry_after(model):
-    app = create_app(model, max_in_flight=2, inference_threads=1)
+    app = create_app(model, max_in_flight=2, inference_threads=1, inline_body_bytes=0)  # slow work: in the pool
     service = app.state.service
     release, entered = threading.Event(), threading.Semaphore(0)
     assign = service.backend.assign
