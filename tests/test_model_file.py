@@ -212,3 +212,62 @@ def test_joblib_rejects_wrong_files(fitted, tmp_path):
         load_model(path)
     with pytest.raises(TypeError, match="fitted"):
         save_joblib(qkm.KMeans(2), tmp_path / "x.joblib")
+
+
+def test_index_and_nystroem_parts_round_trip(fitted_chain, blobs, tmp_path):
+    X, y = blobs[0], blobs[1]
+    index = qkm.ClusterIndex(fitted_chain).fit(X, y)
+    nystroem = qkm.Nystroem(n_components=fitted_chain.n_clusters_, landmarks=fitted_chain).fit(X)
+    path = tmp_path / "full.qkm"
+    save_model(fitted_chain, path, index=index, nystroem=nystroem)
+    model = load_model(path)
+    assert model.describe()["has_index"] and model.describe()["has_features"]
+    for k, nprobe in ((1, 1), (3, 2)):
+        expected = index.query(X[:25], k=k, nprobe=nprobe)
+        got = model.search(X[:25], k=k, nprobe=nprobe)
+        np.testing.assert_array_equal(got[1], expected[1])
+        np.testing.assert_array_equal(got[0], expected[0])
+    np.testing.assert_array_equal(model.index.predict(X[:25]), index.predict(X[:25]))
+    np.testing.assert_allclose(model.features(X[:25]), nystroem.transform(X[:25]), rtol=1e-12, atol=1e-15)
+    # an index built on other centroids is refused
+    other = qkm.KMeans(6, random_state=1).fit(X)
+    with pytest.raises(ValueError, match="another centroid operator"):
+        save_model(other, tmp_path / "bad.qkm", index=index)
+    assert not (tmp_path / "bad.qkm").exists()
+
+
+def test_inconsistent_part_rejected(fitted_chain, blobs, tmp_path):
+    X, y = blobs[0], blobs[1]
+    path = tmp_path / "full.qkm"
+    save_model(qkm.ClusterIndex(fitted_chain).fit(X, y), path)
+    with zipfile.ZipFile(path) as zf:
+        header = json.loads(zf.read("header.json"))
+        entries = {n: zf.read(n) for n in zf.namelist() if n != "header.json"}
+    index_arrays = sorted(n for n in header["arrays"] if n.startswith("index."))
+    assert index_arrays  # the index travelled in the file
+    victim = max(index_arrays, key=lambda n: int(np.prod(header["arrays"][n]["shape"]) or 0))
+    del header["arrays"][victim]  # a part with a missing array (checksums still consistent)
+    header.pop("checksum")
+    bad = tmp_path / "bad.qkm"
+    with zipfile.ZipFile(bad, "w") as zf:
+        zf.writestr("header.json", json.dumps(header))
+        for n, b in entries.items():
+            zf.writestr(n, b)
+    with pytest.raises(ModelFormatError, match="ClusterIndex is inconsistent"):
+        load_model(bad)
+
+
+def test_shipped_demo_model_is_rebuilt_by_its_command(tmp_path):
+    """models/ holds artefacts reproducible by a committed command: rebuilding gives the same content."""
+    import importlib.util
+
+    from qkm.serve import demo_model_path
+
+    script = demo_model_path().parent / "build_demo_model.py"
+    spec = importlib.util.spec_from_file_location("build_demo_model", script)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    rebuilt = module.build(tmp_path / "demo.qkm")
+    shipped = load_model(demo_model_path())
+    assert rebuilt.checksum == shipped.checksum
+    assert load_model(tmp_path / "demo.qkm").checksum == shipped.checksum
