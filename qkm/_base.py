@@ -21,6 +21,18 @@ __all__ = ["OperatorClusterMixin", "resolve_n_clusters", "is_int", "check_nonneg
            "check_verbose", "initial_centers"]
 
 
+def operator_of(obj):
+    """The centroid operator of a fitted qkm estimator (``operator_``), a loaded model (``operator``) or an operator; else None."""
+    from .operator import CentroidOperator
+
+    if isinstance(obj, CentroidOperator):
+        return obj
+    op = getattr(obj, "operator_", None)
+    if op is None:
+        op = getattr(obj, "operator", None)
+    return op if isinstance(op, CentroidOperator) else None
+
+
 def is_int(value):
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 

@@ -14,12 +14,11 @@ import scipy.sparse as sp
 from sklearn.base import BaseEstimator, clone
 from sklearn.utils.validation import check_is_fitted
 
-from ._base import is_int
+from ._base import is_int, operator_of
 from ._index import (cluster_sq_distances, nearest_clusters, probe_lists, search_lists, select_neighbors,
                      stored_row_sq_norms)
 from ._threads import effective_n_threads, numba_threads
 from ._validation import check_data, check_feature_count
-from .nystroem import _operator_of
 from .operator import CentroidOperator
 
 __all__ = ["ClusterIndex"]
@@ -97,11 +96,11 @@ class ClusterIndex(BaseEstimator):
 
     # ------------------------------------------------------------------ #
     def _resolve_operator(self, X):
-        operator = _operator_of(self.estimator)
+        operator = operator_of(self.estimator)
         if operator is not None:
             return operator
         if hasattr(self.estimator, "fit") and hasattr(self.estimator, "get_params"):
-            operator = _operator_of(clone(self.estimator).fit(X))
+            operator = operator_of(clone(self.estimator).fit(X))
             if operator is not None:
                 return operator
         raise ValueError(

@@ -18,7 +18,7 @@ from sklearn.utils import check_random_state
 from sklearn.utils.validation import check_is_fitted
 
 from . import _config
-from ._base import is_int
+from ._base import is_int, operator_of
 from ._nystroem import heuristic_gamma, inverse_sqrt_psd, rbf_to_landmarks, row_sq_norms
 from ._threads import effective_n_threads, numba_threads
 from ._validation import check_data, check_feature_count
@@ -30,16 +30,6 @@ _LANDMARK_KINDS = ("qkmeans", "kmeans", "uniform")
 
 #: Version of the state written by :meth:`Nystroem._export_state`.
 _STATE_VERSION = 1
-
-
-def _operator_of(obj):
-    """The centroid operator of a fitted qkm estimator or loaded model, else None."""
-    if isinstance(obj, CentroidOperator):
-        return obj
-    op = getattr(obj, "operator_", None)
-    if op is None:
-        op = getattr(obj, "operator", None)
-    return op if isinstance(op, CentroidOperator) else None
 
 
 def _check_gamma(gamma, name="gamma"):
@@ -161,7 +151,7 @@ class Nystroem(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator)
         if isinstance(self.landmarks, str):
             if self.landmarks not in _LANDMARK_KINDS:
                 raise ValueError(f"landmarks must be one of {_LANDMARK_KINDS} or a qkm estimator; got {self.landmarks!r}.")
-        elif _operator_of(self.landmarks) is None and not hasattr(self.landmarks, "fit"):
+        elif operator_of(self.landmarks) is None and not hasattr(self.landmarks, "fit"):
             raise ValueError(
                 "landmarks must be 'qkmeans', 'kmeans', 'uniform', a qkm estimator or a loaded model with a "
                 f"centroid operator; got {type(self.landmarks).__name__}."
@@ -189,11 +179,11 @@ class Nystroem(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator)
         n = X.shape[0]
         kind = self.landmarks
         if not isinstance(kind, str):
-            operator = _operator_of(kind)
+            operator = operator_of(kind)
             if operator is not None:
                 return operator, kind, None
             est = clone(kind).fit(X)
-            operator = _operator_of(est)
+            operator = operator_of(est)
             if operator is None:
                 raise ValueError(f"{type(kind).__name__} has no centroid operator after fitting; "
                                  "landmarks must be a qkm estimator.")
