@@ -45,6 +45,9 @@ bench: $(VENV)/.installed
 	$(PY) benchmarks/operator_speed.py --threads 1 --out benchmarks/results/operator_speed
 	$(PY) benchmarks/operator_speed.py --threads 2 --out benchmarks/results/operator_speed_2threads
 	$(PY) benchmarks/qkmeans_paper.py --out benchmarks/results/qkmeans_paper
+	$(PY) benchmarks/onnx_export.py --out benchmarks/results/onnx_export
+	$(PY) benchmarks/paper_table4.py --out benchmarks/results/paper_table4
+	$(PY) benchmarks/serve_load.py --out benchmarks/results/serve_load
 
 clean:
 	rm -rf $(OUT) .pytest_cache
