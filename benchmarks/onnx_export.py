@@ -26,6 +26,8 @@ of the same-round ratios. Labels of every graph are compared with ``Model.predic
 import argparse
 import os
 import sys
+
+from _machine import cpu_name
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -221,7 +223,7 @@ def main():
     meta = dict(
         python=platform.python_version(), numpy=np.__version__, onnx=onnx.__version__,
         onnxruntime=ort.__version__, skl2onnx=skl2onnx.__version__, sklearn=sklearn.__version__,
-        qkm=qkm.__version__, machine=platform.machine(), cpu=_cpu_name(), n_cpus=os.cpu_count(),
+        qkm=qkm.__version__, machine=platform.machine(), cpu=cpu_name(), n_cpus=os.cpu_count(),
         threads=args.threads, rounds=args.rounds, min_ms=args.min_ms, batches=batches,
         loadavg_before=load_before, loadavg_after=os.getloadavg(),
         total_seconds=time.perf_counter() - t_start)
@@ -312,19 +314,6 @@ def markdown(results, goals, meta, command):
         lines.append(f"| {g['goal']} | {g['config']} | {g['B'] if g['B'] is not None else '-'} | {value} | "
                      f"{verdict} |")
     return "\n".join(lines) + "\n"
-
-
-def _cpu_name():
-    try:
-        with open("/proc/cpuinfo") as fh:
-            for line in fh:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    import platform
-
-    return platform.processor() or "unknown"
 
 
 if __name__ == "__main__":

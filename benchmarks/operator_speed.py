@@ -26,6 +26,8 @@ import argparse
 import os
 import sys
 
+from _machine import cpu_name
+
 
 GOALS = {  # (K, D) -> list of (batch sizes, minimum speedup of auto over dense)
     (1024, 4096): [((1, 16), 20.0), ((64, 1024), 5.0)],
@@ -137,7 +139,7 @@ def main():
 
     meta = dict(threads=args.threads, rounds=args.rounds, min_ms=args.min_ms, seed=args.seed,
                 python=platform.python_version(), numpy=np.__version__, scipy=scipy.__version__,
-                numba=numba.__version__, machine=platform.machine(), cpu=_cpu_name(), n_cpus=os.cpu_count(),
+                numba=numba.__version__, machine=platform.machine(), cpu=cpu_name(), n_cpus=os.cpu_count(),
                 loadavg_end=os.getloadavg(),
                 command=" ".join(["python"] + sys.argv))
     if args.out:
@@ -146,17 +148,6 @@ def main():
         with open(args.out + ".md", "w") as fh:
             fh.write(_markdown(meta, cells, args))
         print(f"wrote {args.out}.json and {args.out}.md")
-
-
-def _cpu_name():
-    try:
-        with open("/proc/cpuinfo") as fh:
-            for line in fh:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown"
 
 
 def _markdown(meta, cells, args):

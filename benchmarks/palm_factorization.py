@@ -30,6 +30,8 @@ import argparse
 import os
 import sys
 
+from _machine import cpu_name
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 
@@ -146,7 +148,7 @@ def main():
     load_after = os.getloadavg()
     info = {"argv": sys.argv, "python": platform.python_version(), "numpy": np.__version__,
             "numba": _version("numba"), "pyfaust": _version("pyfaust") if faust is not None else None,
-            "qkm": qkm.__version__, "machine": platform.machine(), "cpu": _cpu_model(), "n_cpus": os.cpu_count(),
+            "qkm": qkm.__version__, "machine": platform.machine(), "cpu": cpu_name(), "n_cpus": os.cpu_count(),
             "loadavg_before": load_before, "loadavg_after": load_after,
             "U": {"shape": list(U.shape), "fro": float(nU), "sum": float(U.sum())}}
     text = _markdown(rows, info, faust is not None, args)
@@ -246,19 +248,6 @@ def _version(name):
         return version(name)
     except Exception:
         return None
-
-
-def _cpu_model():
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    import platform
-
-    return platform.processor()
 
 
 def _markdown(rows, info, have_faust, args):

@@ -33,6 +33,23 @@ def operator_of(obj):
     return op if isinstance(op, CentroidOperator) else None
 
 
+def check_export_header(owner, operator, metadata, state_version):
+    """Checks shared by the ``_from_export_state`` of saved parts; returns ``(n_clusters, n_features)``.
+
+    ``owner`` names the part in the messages ("ClusterIndex", "Nystroem").
+    """
+    from .operator import CentroidOperator
+
+    if not isinstance(operator, CentroidOperator):
+        raise ValueError(f"operator must be a CentroidOperator; got {type(operator).__name__}.")
+    if not isinstance(metadata, dict):
+        raise ValueError(f"{owner} state: metadata must be a dict.")
+    version = metadata.get("state_version", state_version)
+    if version != state_version:
+        raise ValueError(f"{owner} state version {version!r} is not supported (expected {state_version}).")
+    return int(operator.n_clusters), int(operator.n_features)
+
+
 def is_int(value):
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 

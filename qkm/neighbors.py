@@ -14,12 +14,11 @@ import scipy.sparse as sp
 from sklearn.base import BaseEstimator, clone
 from sklearn.utils.validation import check_is_fitted
 
-from ._base import is_int, operator_of
+from ._base import check_export_header, is_int, operator_of
 from ._index import (cluster_sq_distances, nearest_clusters, probe_lists, search_lists, select_neighbors,
                      stored_row_sq_norms)
 from ._threads import effective_n_threads, numba_threads
 from ._validation import check_data, check_feature_count
-from .operator import CentroidOperator
 
 __all__ = ["ClusterIndex"]
 
@@ -303,14 +302,7 @@ class ClusterIndex(BaseEstimator):
         ValueError
             When the arrays or metadata are inconsistent with each other or with ``operator``.
         """
-        if not isinstance(operator, CentroidOperator):
-            raise ValueError(f"operator must be a CentroidOperator; got {type(operator).__name__}.")
-        if not isinstance(metadata, dict):
-            raise ValueError("ClusterIndex state: metadata must be a dict.")
-        version = metadata.get("state_version", _STATE_VERSION)
-        if version != _STATE_VERSION:
-            raise ValueError(f"ClusterIndex state version {version!r} is not supported (expected {_STATE_VERSION}).")
-        K, D = int(operator.n_clusters), int(operator.n_features)
+        K, D = check_export_header("ClusterIndex", operator, metadata, _STATE_VERSION)
 
         def get(name):
             if name not in arrays:

@@ -18,11 +18,11 @@ from sklearn.utils import check_random_state
 from sklearn.utils.validation import check_is_fitted
 
 from . import _config
-from ._base import is_int, operator_of
+from ._base import check_export_header, is_int, operator_of
 from ._nystroem import heuristic_gamma, inverse_sqrt_psd, rbf_to_landmarks, row_sq_norms
 from ._threads import effective_n_threads, numba_threads
 from ._validation import check_data, check_feature_count
-from .operator import CentroidOperator, DenseOperator
+from .operator import DenseOperator
 
 __all__ = ["Nystroem", "kernel_approximation_error"]
 
@@ -298,14 +298,7 @@ class Nystroem(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator)
         ValueError
             When the arrays or metadata are inconsistent with each other or with ``operator``.
         """
-        if not isinstance(operator, CentroidOperator):
-            raise ValueError(f"operator must be a CentroidOperator; got {type(operator).__name__}.")
-        if not isinstance(metadata, dict):
-            raise ValueError("Nystroem state: metadata must be a dict.")
-        version = metadata.get("state_version", _STATE_VERSION)
-        if version != _STATE_VERSION:
-            raise ValueError(f"Nystroem state version {version!r} is not supported (expected {_STATE_VERSION}).")
-        K, D = int(operator.n_clusters), int(operator.n_features)
+        K, D = check_export_header("Nystroem", operator, metadata, _STATE_VERSION)
         for key, expected in (("n_components", K), ("n_features", D)):
             if key in metadata and metadata[key] != expected:
                 raise ValueError(f"Nystroem state: {key}={metadata[key]!r} but the operator has {expected}.")

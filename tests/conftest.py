@@ -30,3 +30,12 @@ def sparse_text_like():
     norms = np.sqrt(np.asarray(X.multiply(X).sum(axis=1)).ravel())
     norms[norms == 0] = 1
     return sp.csr_matrix(sp.diags(1 / norms) @ X)
+
+
+def through_npy(arrays, tmp_path):
+    """``arrays`` after a trip through ``np.save`` / ``np.load`` (what the safe format does to them)."""
+    out = {}
+    for name, arr in arrays.items():
+        np.save(tmp_path / f"{name}.npy", arr, allow_pickle=False)
+        out[name] = np.load(tmp_path / f"{name}.npy", allow_pickle=False)
+    return out

@@ -9,7 +9,7 @@ import scipy.sparse as sp
 from sklearn.datasets import make_blobs
 from threadpoolctl import threadpool_limits
 
-from conftest import CONTAINERS
+from conftest import CONTAINERS, through_npy
 from qkm import ClusterIndex, KMeans, QKMeans
 from qkm._threads import numba_threads
 from qkm.operator import DenseOperator
@@ -178,14 +178,6 @@ def test_identical_for_one_and_two_threads(data, qk):
     np.testing.assert_array_equal(runs[0][1], runs[1][1])
 
 
-def _through_npy(arrays, tmp_path):
-    out = {}
-    for name, arr in arrays.items():
-        np.save(tmp_path / f"{name}.npy", arr, allow_pickle=False)
-        out[name] = np.load(tmp_path / f"{name}.npy", allow_pickle=False)
-    return out
-
-
 @pytest.mark.parametrize("container", ["dense", "csr_matrix"])
 @pytest.mark.parametrize("labels", ["int", "str", "none"])
 def test_export_state_round_trip(data, qk, tmp_path, container, labels):
@@ -195,7 +187,7 @@ def test_export_state_round_trip(data, qk, tmp_path, container, labels):
     arrays, metadata = index._export_state()
     assert all(a.dtype.kind in "biuf" for a in arrays.values())
     metadata = json.loads(json.dumps(metadata))
-    back = ClusterIndex._from_export_state(qk.operator_, _through_npy(arrays, tmp_path), metadata)
+    back = ClusterIndex._from_export_state(qk.operator_, through_npy(arrays, tmp_path), metadata)
     for k, nprobe in ((1, None), (3, 4)):
         a, b = index.query(Xq, k=k, nprobe=nprobe), back.query(Xq, k=k, nprobe=nprobe)
         np.testing.assert_array_equal(a[0], b[0])

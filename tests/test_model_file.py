@@ -23,6 +23,21 @@ from qkm.export import (
 )
 
 
+def read_entries(path):
+    """The JSON header and the other zip entries of a model file."""
+    with zipfile.ZipFile(path) as zf:
+        header = json.loads(zf.read("header.json"))
+        return header, {n: zf.read(n) for n in zf.namelist() if n != "header.json"}
+
+
+def write_entries(path, header, entries):
+    """A model file made of ``header`` and ``entries`` (to forge damaged files)."""
+    with zipfile.ZipFile(path, "w") as zf:
+        zf.writestr("header.json", json.dumps(header))
+        for n, b in entries.items():
+            zf.writestr(n, b)
+
+
 @pytest.fixture(scope="module")
 def fitted(blobs):
     return qkm.KMeans(5, random_state=0).fit(blobs[0])
@@ -63,15 +78,10 @@ def test_corrupted_array_rejected(fitted, tmp_path):
 def test_newer_version_and_other_files_rejected(fitted, tmp_path):
     path = tmp_path / "m.qkm"
     save_model(fitted, path)
-    with zipfile.ZipFile(path) as zf:
-        header = json.loads(zf.read("header.json"))
-        entries = {n: zf.read(n) for n in zf.namelist() if n != "header.json"}
+    header, entries = read_entries(path)
     header["format_version"] = FORMAT_VERSION + 1
     newer = tmp_path / "newer.qkm"
-    with zipfile.ZipFile(newer, "w") as zf:
-        zf.writestr("header.json", json.dumps(header))
-        for n, b in entries.items():
-            zf.writestr(n, b)
+    write_entries(newer, header, entries)
     with pytest.raises(ModelFormatError, match="newer"):
         load_model(newer)
     np.save(tmp_path / "c.npy", fitted.cluster_centers_)
@@ -161,9 +171,7 @@ def test_interrupted_write_leaves_the_old_file(fitted, fitted_chain, tmp_path, m
 def test_out_of_range_factor_index_rejected(fitted_chain, tmp_path):
     path = tmp_path / "qk.qkm"
     save_model(fitted_chain, path)
-    with zipfile.ZipFile(path) as zf:
-        header = json.loads(zf.read("header.json"))
-        entries = {n: zf.read(n) for n in zf.namelist() if n != "header.json"}
+    header, entries = read_entries(path)
     import hashlib
     import io
 
@@ -175,10 +183,7 @@ def test_out_of_range_factor_index_rejected(fitted_chain, tmp_path):
     header["arrays"]["factor0_indices"]["sha256"] = hashlib.sha256(buf.getvalue()).hexdigest()
     header.pop("checksum")
     bad = tmp_path / "bad.qkm"
-    with zipfile.ZipFile(bad, "w") as zf:
-        zf.writestr("header.json", json.dumps(header))
-        for n, b in entries.items():
-            zf.writestr(n, b)
+    write_entries(bad, header, entries)
     with pytest.raises(ModelFormatError, match="factor 0 is not a valid CSR"):
         load_model(bad)
 
@@ -240,19 +245,14 @@ def test_inconsistent_part_rejected(fitted_chain, blobs, tmp_path):
     X, y = blobs[0], blobs[1]
     path = tmp_path / "full.qkm"
     save_model(qkm.ClusterIndex(fitted_chain).fit(X, y), path)
-    with zipfile.ZipFile(path) as zf:
-        header = json.loads(zf.read("header.json"))
-        entries = {n: zf.read(n) for n in zf.namelist() if n != "header.json"}
+    header, entries = read_entries(path)
     index_arrays = sorted(n for n in header["arrays"] if n.startswith("index."))
     assert index_arrays  # the index travelled in the file
     victim = max(index_arrays, key=lambda n: int(np.prod(header["arrays"][n]["shape"]) or 0))
     del header["arrays"][victim]  # a part with a missing array (checksums still consistent)
     header.pop("checksum")
     bad = tmp_path / "bad.qkm"
-    with zipfile.ZipFile(bad, "w") as zf:
-        zf.writestr("header.json", json.dumps(header))
-        for n, b in entries.items():
-            zf.writestr(n, b)
+    write_entries(bad, header, entries)
     with pytest.raises(ModelFormatError, match="ClusterIndex is inconsistent"):
         load_model(bad)
 

@@ -16,6 +16,7 @@ from qkm._threads import numba_threads
 from qkm.operator import CentroidOperator, DenseOperator
 
 import naive
+from conftest import through_npy
 
 FAST_QK = {"max_iter": 5, "palm_max_iter": 20}
 
@@ -200,21 +201,13 @@ def test_identical_for_one_and_two_threads(data):
     np.testing.assert_array_equal(runs[0][1], runs[1][1])
 
 
-def _through_npy(arrays, tmp_path):
-    out = {}
-    for name, arr in arrays.items():
-        np.save(tmp_path / f"{name}.npy", arr, allow_pickle=False)
-        out[name] = np.load(tmp_path / f"{name}.npy", allow_pickle=False)
-    return out
-
-
 def test_export_state_round_trip(data, qk, tmp_path):
     X, Xt = data
     ny = Nystroem(landmarks=qk).fit(X)
     arrays, metadata = ny._export_state()
     assert all(a.dtype.kind in "biuf" for a in arrays.values())
     metadata = json.loads(json.dumps(metadata))
-    arrays = _through_npy(arrays, tmp_path)
+    arrays = through_npy(arrays, tmp_path)
     back = Nystroem._from_export_state(qk.operator_, arrays, metadata)
     np.testing.assert_array_equal(back.transform(Xt), ny.transform(Xt))
     assert back.gamma_ == ny.gamma_ and back.n_features_in_ == 6
