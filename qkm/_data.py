@@ -10,6 +10,7 @@ chunk, against ``C^T`` kept dense or in CSR, whichever was measured faster.
 Any other operator (a sparse factor chain) computes its own partials.
 """
 
+import copy
 import time
 
 import numpy as np
@@ -91,6 +92,12 @@ class KMeansData:
         self.all_rows = np.arange(self.n_samples, dtype=np.int64)
         self.storage_chooser = StorageChooser()
         self._ct_buffer = None
+
+    def for_run(self):
+        """The same data for one of several concurrent runs: shared arrays and timings, own C^T buffer."""
+        clone = copy.copy(self)
+        clone._ct_buffer = None
+        return clone
 
     # ------------------------------------------------------------------ #
     def assign(self, layouts, labels, partial_best, rows=None, lb=None):

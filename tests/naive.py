@@ -75,3 +75,13 @@ def knn(Xq, X, k):
     d = sq_distances(Xq, X)
     idx = np.argsort(d, axis=1, kind="stable")[:, :k]
     return np.sqrt(np.take_along_axis(d, idx, axis=1)), idx
+
+
+def potential(X, C):
+    """Sum over the rows of the squared distance to the nearest centre (the seeding cost)."""
+    return assign(X, C)[1].sum()
+
+
+def bernoulli_rows(n, p, random_state):
+    """Rows kept independently with probability p, one coin per row (what geometric skips emulate)."""
+    return np.flatnonzero(random_state.uniform(size=n) < p)
