@@ -249,8 +249,7 @@ def d2_seeding(data, n_clusters, rng, n_samples=None, groups="auto"):
 
 
 def _lower_to_center(data, center, center_id, closest, nearest):
-    """Lower the D^2 weights with one new centre; True if some row got strictly closer."""
-    before = closest.copy()
+    """Lower the D^2 weights with one new centre; True if some row got strictly closer (now nearest to it)."""
     c = np.asarray(center, dtype=np.float64)
     X = data.X
     if data.sparse:
@@ -258,7 +257,7 @@ def _lower_to_center(data, center, center_id, closest, nearest):
                                   center_id, closest, nearest)
     else:
         S_.lower_to_center_dense(X, c, center_id, closest, nearest)
-    return bool((closest < before).any())
+    return bool(np.any(nearest == center_id))
 
 
 def _cluster(sample, n_groups, rng):
@@ -285,12 +284,13 @@ def _cluster(sample, n_groups, rng):
     labels = np.full(u, -2, dtype=np.int64)
     new = np.empty(u, dtype=np.int64)
     totals = np.zeros(len(seeds))
+    g_sq = np.einsum("ij,ij->j", GT, GT)
     for _ in range(SAMPLE_LLOYD_ITER):
-        S_.sample_assign(*sample.arrays, sample.x_sq, GT, np.einsum("ij,ij->j", GT, GT), sample.outside, new, d)
+        S_.sample_assign(*sample.arrays, sample.x_sq, GT, g_sq, sample.outside, new, d)
         if np.array_equal(new, labels):
             break
         labels[:] = new
-        S_.sample_means(*sample.arrays, sample.weights, labels, GT, totals)
+        S_.sample_means(*sample.arrays, sample.weights, labels, GT, g_sq, totals)
     inside = labels >= 0
     sse = np.bincount(labels[inside], weights=(sample.weights * d)[inside], minlength=len(seeds))
     return labels, GT, totals, seeds, sse

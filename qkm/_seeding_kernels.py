@@ -283,6 +283,7 @@ def sample_means(
     weights,                        # IN  (u,) float64 multiplicities
     labels,                         # IN  (u,) int64 groups (-1: none)
     GT,                             # IN/OUT (U, g): weighted means of the groups; empty groups keep theirs
+    g_sq,                           # IN/OUT (g,) squared norms of the columns of GT
     totals,                         # OUT (g,) float64 weight of every group
 ):
     """Sequential (row order) sums: the same result on any thread count."""
@@ -303,8 +304,13 @@ def sample_means(
                 sums[k, l] += wi * Xd[i, k]
     for j in range(g):
         if totals[j] > 0.0:
-            for t in range(U):
-                GT[t, j] = sums[t, j] / totals[j]
+            g_sq[j] = 0.0
+    for t in range(U):
+        for j in range(g):
+            if totals[j] > 0.0:
+                v = sums[t, j] / totals[j]
+                GT[t, j] = v
+                g_sq[j] += v * v
 
 
 @njit(parallel=True, **_JIT)
