@@ -11,13 +11,16 @@ and the time the seeding took.
   centres so far, clusters that sample and takes the weighted mean of its
   heaviest group as the next centre. The supplement leaves the clustering
   open. Here the sample (its distinct rows, weighted by how often they were
-  drawn) is clustered by a small weighted k-means: ``2 + floor(log2 K)``
-  groups seeded by k-means++ inside the sample, up to ``SAMPLE_LLOYD_ITER``
-  Lloyd iterations, where a sample point nearer to an existing centre than to
-  every group joins no group. One step costs one pass over the data with one
-  centre (the D^2 weights are kept and lowered incrementally) plus
-  ``O(N * groups)`` on the sample, instead of ``O(N * K)`` for clustering the
-  sample into K groups (``groups="k"``, kept for the benchmark).
+  drawn) is clustered by a weighted k-means (groups seeded by k-means++
+  inside the sample, up to ``SAMPLE_LLOYD_ITER`` Lloyd iterations) in which
+  a sample point nearer to an existing centre than to every group joins no
+  group. It uses K groups, as the supplement says, while that is cheap
+  (``N * K <= FLAT_PASSES * max(n, 2^16)``: a Lloyd iteration on the sample
+  then costs a few passes over the data), else ``2 + floor(log2 K)`` groups.
+  One step costs one pass over the data with one centre (the D^2 weights are
+  kept and lowered incrementally) plus ``O(N * groups)`` on the sample. A
+  centre that would lower no point's distance (it sits on an existing one)
+  is replaced by its group's seed row, so the K centres are distinct.
 * ``"k-means||"`` (Bahmani et al. 2012): rounds of independent D^2 sampling
   with ``ell = oversampling_factor * K`` expected new candidates per round,
   candidates weighted by the number of points nearest to them, then greedy
@@ -67,8 +70,9 @@ SEEDINGS = ("k-means++", "d2-seeding", "k-means||", "random")
 #: Lloyd iterations clustering one D^2 sample, and on the k-means|| candidates.
 SAMPLE_LLOYD_ITER = 10
 KMPAR_LLOYD_ITER = 5
-#: D^2-seeding clusters a sample into K flat groups while N * K <= max(n, FLAT_PAIRS), else a tree of K leaves.
-FLAT_PAIRS = 1 << 16
+#: D^2-seeding ("auto") clusters a sample into K groups while N * K <= FLAT_PASSES * max(n, 2^16), that is
+#: while one Lloyd iteration on the sample costs a few passes over the data; else into 2 + log2 K groups.
+FLAT_PASSES = 4
 #: k-means|| rounds run past ``init_rounds`` at most this many times while fewer than K candidates exist.
 KMPAR_EXTRA_ROUNDS = 100
 
@@ -197,13 +201,14 @@ def d2_seeding(data, n_clusters, rng, n_samples=None, groups="auto"):
     rng : numpy.random.RandomState
     n_samples : int, default=None
         Points drawn per step (N); None gives ``10 * n_clusters``.
-    groups : {"auto", "flat", "tree", "few", "k"} or int, default="auto"
-        How the sample is clustered. "flat": K groups; "tree": K leaves of a
-        hierarchical k-means; "auto": flat when ``N * K <= max(n_samples,
-        FLAT_PAIRS)``, else tree; "few" (or an int g): ``2 + floor(log2 K)``
-        (or g) groups. In all of these a sample point nearer to an existing
-        centre than to every group joins none. "k": the supplement read
-        literally, K groups that every sample point joins.
+    groups : {"auto", "flat", "few", "tree", "k"} or int, default="auto"
+        How the sample is clustered. "flat": K groups; "few" (or an int g):
+        ``2 + floor(log2 K)`` (or g) groups; "auto": flat when ``N * K <=
+        FLAT_PASSES * max(n_samples, 2^16)``, else few; "tree": the heaviest
+        leaf of a hierarchical k-means with K leaves. In all of these a
+        sample point nearer to an existing centre than to every group joins
+        none. "k": the supplement read literally, K groups that every sample
+        point joins.
 
     Returns
     -------
@@ -213,7 +218,7 @@ def d2_seeding(data, n_clusters, rng, n_samples=None, groups="auto"):
     n = data.n_samples
     N = 10 * n_clusters if n_samples is None else int(n_samples)
     if groups == "auto":
-        groups = "flat" if N * n_clusters <= max(n, FLAT_PAIRS) else "tree"
+        groups = "flat" if N * n_clusters <= FLAT_PASSES * max(n, 1 << 16) else "few"
     centers = np.empty((n_clusters, data.n_features), dtype=data.dtype)
     closest = np.full(n, np.inf)
     nearest = np.zeros(n, dtype=np.int64)
