@@ -313,29 +313,6 @@ def sample_means(
                 g_sq[j] += v * v
 
 
-@njit(parallel=True, **_JIT)
-def sample_dots_to_col(
-    data, indices, indptr, Xd, sparse,  # IN  the sample
-    xs_sq,                          # IN  (u,)
-    c, c_sq,                        # IN  (U,) float64 centre in the sample's columns, its squared norm
-    unused,                         # IN  (kept for the signature of sample_dots_to_row)
-    out,                            # OUT (u,) squared distances to c, clipped at 0
-):
-    u = xs_sq.shape[0]
-    chunk = _config.CHUNK_SIZE
-    for ch in prange((u + chunk - 1) // chunk):
-        for i in range(ch * chunk, min(u, (ch + 1) * chunk)):
-            acc = 0.0
-            if sparse:
-                for p in range(indptr[i], indptr[i + 1]):
-                    acc += data[p] * c[indices[p]]
-            else:
-                for k in range(Xd.shape[1]):
-                    acc += Xd[i, k] * c[k]
-            d = xs_sq[i] + c_sq - 2.0 * acc
-            out[i] = d if d > 0.0 else 0.0
-
-
 # --------------------------------------------------------------------------- #
 # Layouts the kernels read
 # --------------------------------------------------------------------------- #
