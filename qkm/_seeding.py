@@ -33,19 +33,24 @@ and the time the seeding took.
 k-means|| in chunks
 -------------------
 The data are a list of *chunks* (row blocks; in-process: one chunk holding
-every row). A chunk's state (:class:`KMParChunk`) keeps, per row, the squared
-distance to the nearest candidate and that candidate's id. The per-chunk
-functions :func:`chunk_lower`, :func:`chunk_sample`, :func:`chunk_rows` and
-:func:`chunk_counts` only read the chunk and a small broadcast (a
-:class:`qkm._seeding_kernels.CenterBlock` of new candidates, a round key, a scale) and return small
-results (a cost, sampled rows, counts), so a distributed backend maps them
-over shards. The driver (:func:`kmeans_parallel`) sums costs in chunk order,
-gathers and de-duplicates the sampled rows, builds the next block and finally
-reclusters the weighted candidates (:func:`recluster`, O(candidates) work).
-Only distances to the newly added candidates are computed in a round. A row
-is sampled from a counter-based draw keyed by (round, global row id), so the
-sample does not depend on the chunking; the total cost does, in its last bits
-(sum order).
+every row; a distributed backend: one per shard). A chunk's state
+(:class:`KMParChunk`) keeps, per row, the squared distance to the nearest
+candidate and that candidate's id. Per-chunk work, O(rows of the chunk):
+
+* :func:`chunk_lower` - distances to a block of new candidates only (a
+  :class:`qkm._seeding_kernels.CenterBlock`); updates the state, returns the
+  chunk's cost;
+* :func:`chunk_sample` - the rows kept this round (round key and scale in);
+* :func:`chunk_rows` - given rows (the first centre);
+* :func:`chunk_counts` - rows nearest to each candidate (the weights).
+
+The driver step (:func:`kmeans_parallel`), O(candidates): draw the first row,
+sum the chunk costs in chunk order, gather and de-duplicate the sampled rows,
+build the next block, sum the counts, and recluster the weighted candidates
+(:func:`recluster`). It reaches the chunks only through its ``map_chunks``
+argument, which a distributed backend replaces. A row is kept according to a
+counter-based draw keyed by (round, global row id), so the sample does not
+depend on the chunking; the total cost does, in its last bits (sum order).
 """
 
 import dataclasses
@@ -360,10 +365,10 @@ def chunk_lower(chunk, block):
 
 
 def chunk_sample(chunk, key, scale):
-    """Local ids of the rows kept this round: row i with probability ``min(1, scale * closest[i])``."""
+    """The rows kept this round (dense ndarray or CSR): row i with probability ``min(1, scale * closest[i])``."""
     keep = np.empty(chunk.data.n_samples, dtype=np.bool_)
     S_.sample_rows(chunk.closest, key, chunk.row_offset, float(scale), keep)
-    return np.flatnonzero(keep)
+    return chunk_rows(chunk, np.flatnonzero(keep))
 
 
 def chunk_rows(chunk, local_ids):
@@ -392,12 +397,15 @@ def kmeans_parallel(chunks, n_clusters, rng, oversampling_factor=2.0, n_rounds=5
     """k-means|| over a list of chunks (see "k-means|| in chunks"); returns dense centres of the data dtype.
 
     ``map_chunks(fn, chunks, *args)`` runs a per-chunk function on every
-    chunk and returns the results in chunk order (in-process by default).
+    chunk and returns the results in chunk order (in-process by default); it
+    is the only way the driver touches the chunks. ``chunk_lower`` updates a
+    chunk's state in place, so a distributed ``map_chunks`` keeps the states
+    where the chunks live.
     """
     sizes = [c.data.n_samples for c in chunks]
     first = int(rng.randint(sum(sizes)))
     owner = int(np.searchsorted(np.cumsum(sizes), first, side="right"))
-    candidates = [chunk_rows(chunks[owner], np.array([first - sum(sizes[:owner])]))]
+    candidates = map_chunks(chunk_rows, [chunks[owner]], np.array([first - sum(sizes[:owner])]))
     phi = sum(map_chunks(chunk_lower, chunks, S_.CenterBlock(candidates[0], 0)))
     n_cand = 1
     ell = oversampling_factor * n_clusters
@@ -406,8 +414,7 @@ def kmeans_parallel(chunks, n_clusters, rng, oversampling_factor=2.0, n_rounds=5
     while phi > 0 and (r < n_rounds or (n_cand < n_clusters and r < n_rounds + KMPAR_EXTRA_ROUNDS)):
         key = S_.round_key(key0, r)
         r += 1
-        picked = [chunk_rows(c, ids) for c, ids in zip(chunks, map_chunks(chunk_sample, chunks, key, ell / phi))]
-        new = _stack(picked)
+        new = _stack(map_chunks(chunk_sample, chunks, key, ell / phi))
         if new.shape[0] == 0:
             continue
         new = new[distinct_row_indices(new)]

@@ -206,6 +206,17 @@ def test_k_means_parallel_does_not_depend_on_the_chunking():
     chunks = [KMParChunk(KMeansData(X[a:b]), a) for a, b in ((0, 170), (170, 171), (171, 500))]
     split = kmeans_parallel(chunks, 8, np.random.RandomState(1))
     np.testing.assert_array_equal(whole, split)
+    # the driver touches the chunks only through map_chunks: here run last chunk first, results in chunk order
+    calls = []
+
+    def reversed_map(fn, chunk_list, *args):
+        calls.append(fn.__name__)
+        return [fn(c, *args) for c in chunk_list[::-1]][::-1]
+
+    chunks = [KMParChunk(KMeansData(X[a:b]), a) for a, b in ((0, 170), (170, 171), (171, 500))]
+    np.testing.assert_array_equal(kmeans_parallel(chunks, 8, np.random.RandomState(1), map_chunks=reversed_map),
+                                  whole)
+    assert set(calls) == {"chunk_rows", "chunk_lower", "chunk_sample", "chunk_counts"}
 
 
 def test_d2_sample_clusterings_all_give_k_distinct_centres(blobs):
