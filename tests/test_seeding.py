@@ -243,3 +243,20 @@ def test_cli_train_seedings_and_verbose_seeding_line(tmp_path, blobs, capsys):
     assert main(args) == 0
     assert main(["train", X, "-k", "4", "--init", "k-means||", "--init-rounds", "0", "-q", "-o", model]) == 2
     assert "init_rounds must be an integer >= 1" in capsys.readouterr().err
+
+
+def test_weighted_kmeans_plusplus_equals_repeated_rows():
+    # integer data and weights: every potential is exact, so a row of weight w draws like w copies of it
+    from qkm._init import kmeans_plusplus
+
+    rng = np.random.RandomState(0)
+    U = rng.randint(0, 30, size=(40, 3)).astype(np.float64)
+    U = U[np.unique(U, axis=0, return_index=True)[1]]
+    w = rng.randint(1, 5, size=U.shape[0])
+    expanded = np.repeat(np.arange(U.shape[0]), w)
+    for trials in (1, 3):
+        idx_w, pot_w = kmeans_plusplus(KMeansData(U), 6, np.random.RandomState(2), trials, sample_weight=w,
+                                       rows_only=True)
+        idx_r, pot_r = kmeans_plusplus(KMeansData(U[expanded]), 6, np.random.RandomState(2), trials, rows_only=True)
+        np.testing.assert_array_equal(idx_w, expanded[idx_r])
+        assert pot_w == pot_r == naive.potential(U[expanded], U[idx_w])
