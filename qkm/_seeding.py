@@ -84,7 +84,12 @@ KMPAR_EXTRA_ROUNDS = 100
 
 @dataclasses.dataclass(frozen=True)
 class Seeding:
-    """A validated seeding request (the estimators' init parameters)."""
+    """A validated seeding request: the estimators' init parameters (see :func:`qkm._base.seeding_of`).
+
+    ``n_local_trials`` (k-means++ candidates per step, 1 = plain) and
+    ``d2_groups`` (see :func:`d2_seeding`) are not estimator parameters; the
+    benchmark sets them.
+    """
 
     init: object = "k-means++"
     d2_samples: int = None
@@ -93,10 +98,6 @@ class Seeding:
     init_sample: float = None
     n_local_trials: int = None
     d2_groups: str = "auto"
-
-    @property
-    def name(self):
-        return self.init if isinstance(self.init, str) else "array"
 
 
 @dataclasses.dataclass
@@ -180,17 +181,6 @@ def geometric_sample(n, size, rng):
         picked.append(pos[pos < n])
         last = int(pos[-1])
     return np.concatenate(picked)
-
-
-# --------------------------------------------------------------------------- #
-# Shared pieces: distances of a few rows, weighted means
-# --------------------------------------------------------------------------- #
-def _weighted_sums(X, weights, labels, n_groups):
-    """Per-group sums of the weighted rows with ``labels >= 0`` ((g, D), sparse for CSR X) and weight totals."""
-    member = np.flatnonzero(labels >= 0)
-    M = sp.csr_matrix((weights[member], (labels[member], member)), shape=(n_groups, X.shape[0]))
-    totals = np.bincount(labels[member], weights=weights[member], minlength=n_groups)
-    return M @ X, totals
 
 
 # --------------------------------------------------------------------------- #
@@ -423,6 +413,12 @@ def kmeans_parallel(chunks, n_clusters, rng, oversampling_factor=2.0, n_rounds=5
         n_cand += new.shape[0]
     weights = np.sum(map_chunks(chunk_counts, chunks, n_cand), axis=0)
     return recluster(_stack(candidates), weights, n_clusters, rng, n_local_trials)
+
+
+def _weighted_sums(X, weights, labels, n_groups):
+    """Per-group sums of the weighted rows ((g, D), sparse for CSR X) and the groups' total weights."""
+    M = sp.csr_matrix((weights, (labels, np.arange(X.shape[0]))), shape=(n_groups, X.shape[0]))
+    return M @ X, np.bincount(labels, weights=weights, minlength=n_groups)
 
 
 def recluster(candidates, weights, n_clusters, rng, n_local_trials=None, lloyd_iter=KMPAR_LLOYD_ITER):
