@@ -14,9 +14,9 @@ and the time the seeding took.
   drawn) is clustered by a weighted k-means (groups seeded by k-means++
   inside the sample, up to ``SAMPLE_LLOYD_ITER`` Lloyd iterations) in which
   a sample point nearer to an existing centre than to every group joins no
-  group. It uses K groups, as the supplement says, while that is cheap
-  (``N * K <= FLAT_PASSES * max(n, 2^16)``: a Lloyd iteration on the sample
-  then costs a few passes over the data), else ``2 + floor(log2 K)`` groups.
+  group. It uses K groups, as the supplement says, while that costs at most
+  ``FLAT_BUDGET`` (10) greedy k-means++ steps, else ``2 + floor(log2 K)``
+  groups (:func:`_flat_is_affordable`).
   One step costs one pass over the data with one centre (the D^2 weights are
   kept and lowered incrementally) plus ``O(N * groups)`` on the sample. A
   centre that would lower no point's distance (it sits on an existing one)
@@ -75,9 +75,10 @@ SEEDINGS = ("k-means++", "d2-seeding", "k-means||", "random")
 #: Lloyd iterations clustering one D^2 sample, and on the k-means|| candidates.
 SAMPLE_LLOYD_ITER = 10
 KMPAR_LLOYD_ITER = 5
-#: D^2-seeding ("auto") clusters a sample into K groups while N * K <= FLAT_PASSES * max(n, 2^16), that is
-#: while one Lloyd iteration on the sample costs a few passes over the data; else into 2 + log2 K groups.
-FLAT_PASSES = 4
+#: D^2-seeding ("auto") clusters a sample into K groups while that costs at most FLAT_BUDGET greedy k-means++
+#: steps (counting FLAT_ITERS Lloyd iterations), else into 2 + log2 K groups; see _flat_is_affordable.
+FLAT_BUDGET = 10
+FLAT_ITERS = 4
 #: k-means|| rounds run past ``init_rounds`` at most this many times while fewer than K candidates exist.
 KMPAR_EXTRA_ROUNDS = 100
 
@@ -198,8 +199,8 @@ def d2_seeding(data, n_clusters, rng, n_samples=None, groups="auto"):
         Points drawn per step (N); None gives ``10 * n_clusters``.
     groups : {"auto", "flat", "few", "tree", "k"} or int, default="auto"
         How the sample is clustered. "flat": K groups; "few" (or an int g):
-        ``2 + floor(log2 K)`` (or g) groups; "auto": flat when ``N * K <=
-        FLAT_PASSES * max(n_samples, 2^16)``, else few; "tree": the heaviest
+        ``2 + floor(log2 K)`` (or g) groups; "auto": flat when that costs at
+        most ``FLAT_BUDGET`` greedy k-means++ steps, else few; "tree": the heaviest
         leaf of a hierarchical k-means with K leaves. In all of these a
         sample point nearer to an existing centre than to every group joins
         none. "k": the supplement read literally, K groups that every sample
@@ -213,7 +214,7 @@ def d2_seeding(data, n_clusters, rng, n_samples=None, groups="auto"):
     n = data.n_samples
     N = 10 * n_clusters if n_samples is None else int(n_samples)
     if groups == "auto":
-        groups = "flat" if N * n_clusters <= FLAT_PASSES * max(n, 1 << 16) else "few"
+        groups = "flat" if _flat_is_affordable(data, n_clusters, N) else "few"
     centers = np.empty((n_clusters, data.n_features), dtype=data.dtype)
     closest = np.full(n, np.inf)
     nearest = np.zeros(n, dtype=np.int64)
@@ -246,6 +247,23 @@ def d2_seeding(data, n_clusters, rng, n_samples=None, groups="auto"):
             _lower_to_center(data, center, step, closest, nearest)
         centers[step] = center
     return centers, float(closest.sum())
+
+
+def _flat_is_affordable(data, n_clusters, n_samples):
+    """Whether clustering a sample into K groups costs at most FLAT_BUDGET greedy k-means++ steps.
+
+    Flat clustering: about ``(1 + FLAT_ITERS) * K * (nonzeros of the sample +
+    its width)`` multiply-adds (k-means++ seeds, then Lloyd iterations, each a
+    pass over the sample per group plus the means). A greedy step: ``2 +
+    floor(log2 K)`` candidates, each ``n * D`` for dense data and ``sum_t
+    df_t^2 / n`` (the expected cost of a random row through the CSC copy) for
+    sparse data.
+    """
+    n = data.n_samples
+    sample_nnz = n_samples * data.nnz / n
+    flat = (1 + FLAT_ITERS) * n_clusters * (sample_nnz + min(data.n_features, sample_nnz))
+    candidate = float(data.doc_freq @ data.doc_freq) / n if data.sparse else float(n) * data.n_features
+    return flat <= FLAT_BUDGET * n_local_trials_for(n_clusters) * candidate
 
 
 def _lower_to_center(data, center, center_id, closest, nearest):
