@@ -6,8 +6,8 @@ candidate per step; greedy: ``2 + floor(log2 K)`` candidates), k-means||
 (ell = 2K, r = 5), D^2-seeding with N = K, 2K, 5K, 10K, 20K, and SystemML's
 sampled k-means++ (greedy k-means++ on about 50 K rows). Each seeding's cost
 (potential on the whole data) and time are recorded, then Lloyd runs from its
-centres (``qkm.KMeans(init=centres, n_init=1)``, Elkan for dense data, Lloyd
-for sparse data: both give Lloyd's labels; ``--max-iter`` caps the
+centres (``qkm.KMeans(init=centres, n_init=1, algorithm="elkan")``, dense and
+sparse: Elkan gives Lloyd's labels, faster; ``--max-iter`` caps the
 iterations, ``tol=1e-4``) and its final cost and time are recorded. The
 seeding time excludes the extra assignment pass that measures the cost of
 seedings that do not know it (random rows, k-means||, sampled).
@@ -183,7 +183,7 @@ def measure(X, data, K, method, seed, args, seeding=None):
            "seeded_rows": seeds.n_seeded_rows, "load1": load_before}
     if args.max_iter > 0:
         km = qkm.KMeans(K, init=seeds.centers, n_init=1, max_iter=args.max_iter,
-                        algorithm="lloyd" if sp.issparse(X) else "elkan", n_jobs=args.threads)
+                        algorithm="elkan", n_jobs=args.threads)
         t = time.perf_counter()
         km.fit(X)
         row.update(final_cost=float(km.inertia_), lloyd_s=time.perf_counter() - t, lloyd_iter=int(km.n_iter_))

@@ -255,14 +255,20 @@ def _flat_is_affordable(data, n_clusters, n_samples):
     Flat clustering: about ``(1 + FLAT_ITERS) * K * (nonzeros of the sample +
     its width)`` multiply-adds (k-means++ seeds, then Lloyd iterations, each a
     pass over the sample per group plus the means). A greedy step: ``2 +
-    floor(log2 K)`` candidates, each ``n * D`` for dense data and ``sum_t
-    df_t^2 / n`` (the expected cost of a random row through the CSC copy) for
-    sparse data.
+    floor(log2 K)`` candidates, each ``sum_t df_t^2 / n`` (the expected cost
+    of a random row through the CSC copy; ``n * D`` for data without zeros).
+    Both count the nonzeros of the data (``df_t``: rows with a nonzero in
+    column t), so a dense array and its CSR copy decide alike.
     """
     n = data.n_samples
-    sample_nnz = n_samples * data.nnz / n
+    if data.sparse:
+        doc_freq, nnz = data.doc_freq, data.nnz
+    else:
+        doc_freq = np.count_nonzero(data.X, axis=0).astype(np.float64)
+        nnz = float(doc_freq.sum())
+    sample_nnz = n_samples * nnz / n
     flat = (1 + FLAT_ITERS) * n_clusters * (sample_nnz + min(data.n_features, sample_nnz))
-    candidate = float(data.doc_freq @ data.doc_freq) / n if data.sparse else float(n) * data.n_features
+    candidate = float(doc_freq @ doc_freq) / n
     return flat <= FLAT_BUDGET * n_local_trials_for(n_clusters) * candidate
 
 
