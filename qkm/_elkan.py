@@ -99,7 +99,7 @@ def kmeans_single_elkan(data, centers_init, *, max_iter, tol, tol_wcss=0.0, verb
         storage = layouts.storage
         wcss = None
         if rule.tol_wcss > 0 or verbose:
-            wcss = float(_own_sq_distances(data, layouts, labels).sum())
+            wcss = data.total(_own_sq_distances(data, layouts, labels))
         C, shift_sq, c_sq, relocated = data.update(labels, layouts.C, lambda: _own_sq_distances(data, layouts, labels),
                                                    means_of)
         layouts = DenseOperator(C, c_sq)
@@ -120,7 +120,7 @@ def kmeans_single_elkan(data, centers_init, *, max_iter, tol, tol_wcss=0.0, verb
         partial[:] = data.pair_partials(layouts, data.all_rows, labels.astype(np.int64))
     else:
         data.assign(layouts, labels, partial)
-    inertia = float(data.sq_distances(partial).sum())
+    inertia = data.total(data.sq_distances(partial))
     return labels, inertia, layouts.C, n_iter
 
 

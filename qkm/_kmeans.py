@@ -3,9 +3,7 @@
 import warnings
 
 import numpy as np
-import scipy.sparse as sp
 from sklearn.utils import check_random_state
-from sklearn.utils.sparsefuncs import mean_variance_axis
 
 from ._base import (OperatorClusterMixin, check_init, check_nonnegative_float, check_verbose, initial_centers,
                     resolve_n_clusters, warn_if_clusters_lost)
@@ -14,7 +12,7 @@ from ._data import KMeansData
 from .operator import DenseOperator
 from ._elkan import kmeans_single_elkan
 from ._init import kmeans_plusplus as _kmeans_plusplus
-from ._kernels import column_variances_dense
+from ._reduce import column_variances
 from ._lloyd import kmeans_single_lloyd
 from ._stopping import IterationLog
 from ._threads import effective_n_threads, numba_threads
@@ -67,15 +65,14 @@ def kmeans_plusplus(X, n_clusters, *, random_state=None, n_local_trials=None, n_
 
 
 def _scaled_tolerance(X, tol):
-    """scikit-learn's rule: ``tol`` times the mean feature variance."""
+    """scikit-learn's rule: ``tol`` times the mean feature variance.
+
+    The variances are summed in the fixed block order of :mod:`qkm._reduce`
+    (no N x D temporary), so a fit over shards gets the same tolerance.
+    """
     if tol == 0:
         return 0.0
-    if sp.issparse(X):
-        variances = mean_variance_axis(X, axis=0)[1]
-    else:  # np.var(X, axis=0) without its two N x D temporaries
-        variances = np.empty(X.shape[1], dtype=np.float64)
-        column_variances_dense(X, variances)
-    return float(np.mean(variances) * tol)
+    return float(np.mean(column_variances(X)) * tol)
 
 
 class KMeans(OperatorClusterMixin):
