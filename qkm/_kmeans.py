@@ -202,8 +202,10 @@ class KMeans(OperatorClusterMixin):
 
         Parameters
         ----------
-        X : {array-like, sparse matrix} of shape (n_samples, n_features)
+        X : {array-like, sparse matrix} of shape (n_samples, n_features) or qkm.distributed.ShardedData
             Training data; sparse input is used as CSR without densifying.
+            Shards on a Dask cluster give the same result, with ``labels_``
+            as a dask array.
         y : Ignored
         callback : callable, default=None
             Called with each iteration's record (a dict: iteration, wcss, shift, ...).
@@ -213,6 +215,8 @@ class KMeans(OperatorClusterMixin):
         self : KMeans
         """
         self._check_params()
+        if hasattr(X, "_qkm_fit"):  # data on shards (qkm.distributed.ShardedData): the same steps, run there
+            return X._qkm_fit(self, callback=callback)
         X = check_data(X)
         self.n_features_in_ = X.shape[1]
         n_clusters = resolve_n_clusters(X, self.n_clusters, isinstance(self.init, str))
@@ -233,6 +237,9 @@ class KMeans(OperatorClusterMixin):
                     best = (labels, inertia, centers, n_iter, log.records)
         labels, inertia, centers, n_iter, records = best
         warn_if_clusters_lost(labels, n_clusters)
+        return self._set_fitted(labels, inertia, centers, n_iter, n_clusters, records)
+
+    def _set_fitted(self, labels, inertia, centers, n_iter, n_clusters, records):
         self.cluster_centers_ = centers
         self.operator_ = DenseOperator(centers)
         self.labels_ = labels
