@@ -1,4 +1,4 @@
-"""The ``qkm`` command line: ``qkm train``, ``predict``, ``score``, ``export`` and ``serve``.
+"""The ``qkm`` command line: ``qkm train``, ``predict``, ``score``, ``export``, ``serve`` and ``shard``.
 
 Run ``qkm COMMAND --help`` for the options of each command.
 """
@@ -13,10 +13,12 @@ import warnings
 import numpy as np
 
 from . import __version__
+from ._cli_distributed import add_scheduler_option, add_shard_command
 
 _DATA_HELP = (
     "data file: .npy, .csv, .npz (scipy sparse or np.savez with X[, y]), svmlight/libsvm "
-    "(.svm, .libsvm, .txt or no suffix; .gz/.bz2 allowed), Matrix Market .mtx, MNIST idx(.gz)"
+    "(.svm, .libsvm, .txt or no suffix; .gz/.bz2 allowed), Matrix Market .mtx, MNIST idx(.gz), "
+    "or a shard directory written by 'qkm shard'"
 )
 
 
@@ -86,6 +88,11 @@ def _make_estimator(args, init):
 def _cmd_train(args):
     from .export import data_fingerprint, save_model
     from .io import save_centroids, save_labels
+
+    if args.scheduler:  # on a Dask cluster, over the shards of a `qkm shard` directory
+        from ._cli_distributed import train_sharded
+
+        return train_sharded(args)
 
     X, y_file = _load(args.data, args.format)
     init = args.init
@@ -169,6 +176,11 @@ def _cmd_export(args):
 def _cmd_predict(args):
     from .export import load_model
     from .io import save_labels
+
+    if args.scheduler:
+        from ._cli_distributed import predict_sharded
+
+        return predict_sharded(args)
 
     model = load_model(args.model)
     X, _ = _load(args.data, args.format, n_features=model.n_features)
@@ -272,6 +284,7 @@ def build_parser():
     p.add_argument("-v", "--verbose", action="count", default=0, help="print the WCSS of every iteration on stderr")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.add_argument("--json", action="store_true", help="print the summary as one JSON line")
+    add_scheduler_option(p)
     p.set_defaults(func=_cmd_train)
 
     p = sub.add_parser("export", help="convert a model file to ONNX, a joblib artefact or the safe format",
@@ -297,7 +310,9 @@ def build_parser():
     p.add_argument("data", help=_DATA_HELP)
     p.add_argument("-o", "--output", default=None, help="write labels here (.npy or text) instead of stdout")
     p.add_argument("--format", default=None, help="force the data format")
+    add_scheduler_option(p)
     p.set_defaults(func=_cmd_predict)
+    add_shard_command(sub, _DATA_HELP)
 
     p = sub.add_parser("score", help="SystemML-style clustering statistics, AMI and ARI",
                        description="Print SystemML's k-means statistics (TSS, WCSS, BCSS, pair counts with "
