@@ -169,7 +169,7 @@ class ShardedData:
 
     def gather_each(self, fn, *args):
         out = self.client.gather(self._submit_each(fn, *args))
-        self._received += sum(getattr(a, "nbytes", 0) for r in out for a in (r if isinstance(r, tuple) else (r,)))
+        self._received += sum(T._nbytes(a) for r in out for a in (r if isinstance(r, tuple) else (r,)))
         return out
 
     def fetch_rows(self, global_rows):

@@ -34,7 +34,7 @@ def _update(sd, part, C, key, it, elkan):
     k = C.shape[0]
     C_new = C.copy()
     shift_sq = np.empty(k, dtype=np.float64)
-    means_from_sums(part.sums, part.counts, C_new, shift_sq)
+    means_from_sums(part.dense_sums(), part.counts, C_new, shift_sq)
     c_sq = centroid_sq_norms(C_new)
     counts = part.counts.copy()
     n_empty = int((counts == 0).sum())

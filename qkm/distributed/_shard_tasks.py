@@ -16,6 +16,7 @@ summation tree (:mod:`qkm._reduce`).
 import hashlib
 
 import numpy as np
+import scipy.sparse as sp
 
 from .. import _kernels as K_
 from .. import _reduce
@@ -76,11 +77,31 @@ class Partial:
 
     @property
     def nbytes(self):
-        return sum(getattr(a, "nbytes", 0) for a in (self.counts, self.sums, self.vector))
+        return sum(_nbytes(a) for a in (self.counts, self.sums, self.vector))
+
+    def dense_sums(self):
+        return self.sums.toarray() if sp.issparse(self.sums) else self.sums
+
+
+def _nbytes(a):
+    if sp.issparse(a):
+        return a.data.nbytes + a.indices.nbytes + a.indptr.nbytes
+    return getattr(a, "nbytes", 0)
+
+
+def _compact(sums):
+    """Cluster sums of sparse data travel as CSR when that is at most half the dense size (same values)."""
+    nnz = np.count_nonzero(sums)
+    return sp.csr_matrix(sums) if 12 * nnz + 8 * sums.shape[0] <= 0.5 * sums.nbytes else sums
 
 
 def _add(a, b):
-    return None if a is None else a + b
+    if a is None:
+        return None
+    if sp.issparse(a) != sp.issparse(b):  # mixed: add into a dense copy (the same additions)
+        a = a.toarray() if sp.issparse(a) else a
+        b = b.toarray() if sp.issparse(b) else b
+    return a + b
 
 
 def combine(a, b):
@@ -179,6 +200,8 @@ def _finish_step(shard, st, labels_old, it, wcss, extra=None):
     k = st.layouts.C.shape[0]
     counts, sums = shard.data.cluster_sums(st.labels, k)
     st.it = it
+    if shard.data.sparse:
+        sums = _compact(sums)
     return Partial(counts=counts, sums=sums, wcss=wcss, n_changed=n_changed, **(extra or {}))
 
 
