@@ -206,27 +206,43 @@ class KMeansData:
         Returns
         -------
         counts : ndarray of shape (n_clusters,), int64
-        sums : ndarray of shape (n_clusters, n_features), float64, or None with ``store``
+        sums : (n_clusters, n_features) float64 array (dense data) or CSR matrix (sparse data: the
+            touched entries only), or None with ``store``
         """
         order = np.empty(self.n_samples, dtype=np.int64)
         offsets = np.empty(n_clusters + 1, dtype=np.int64)
         K_.group_by_label(labels, n_clusters, order, offsets)
+        counts = np.diff(offsets)
         changed = np.ones(n_clusters, dtype=np.bool_) if changed is None else changed
         n_lev = _reduce.n_levels(self.n_samples, self.block_rows, self.row0)
+        head = (order, offsets, changed, self.row0, self.block_rows, n_lev, _reduce.n_tasks_for(n_clusters),
+                store is not None)
         if store is not None:
             C, shift_sq = store
-            sums = np.zeros((0, 0))
         else:
             C, shift_sq = np.zeros((0, self.n_features), dtype=self.dtype), np.zeros(0)
-            sums = np.zeros((n_clusters, self.n_features))
-        args = (order, offsets, changed, self.row0, self.block_rows, n_lev, _reduce.n_tasks_for(n_clusters),
-                store is not None, C, shift_sq, sums)
-        if self.sparse:
-            X = self.X
-            _reduce.cluster_sums_sparse(X.data, X.indices, X.indptr, *args)
+        if not self.sparse:
+            sums = np.zeros((n_clusters if store is None else 0, self.n_features))
+            _reduce.cluster_sums_dense(self.X, *head, C, shift_sq, sums)
+            return counts, (None if store is not None else sums)
+        X = self.X
+        if store is not None:
+            cap_ptr, out_idx, out_val, out_cnt = (np.zeros(n_clusters + 1, dtype=np.int64), np.zeros(0, np.int32),
+                                                  np.zeros(0), np.zeros(n_clusters, dtype=np.int64))
         else:
-            _reduce.cluster_sums_dense(self.X, *args)
-        return np.diff(offsets), (None if store is not None else sums)
+            room = np.bincount(labels, weights=np.diff(X.indptr), minlength=n_clusters).astype(np.int64)
+            cap_ptr = np.zeros(n_clusters + 1, dtype=np.int64)
+            np.cumsum(np.minimum(room, self.n_features), out=cap_ptr[1:])
+            out_idx, out_val = np.empty(cap_ptr[-1], dtype=np.int32), np.empty(cap_ptr[-1])
+            out_cnt = np.zeros(n_clusters, dtype=np.int64)
+        _reduce.cluster_sums_sparse(X.data, X.indices, X.indptr, *head, C, shift_sq, cap_ptr, out_idx, out_val,
+                                    out_cnt)
+        if store is not None:
+            return counts, None
+        indptr = np.zeros(n_clusters + 1, dtype=np.int64)
+        np.cumsum(out_cnt, out=indptr[1:])
+        take = np.repeat(cap_ptr[:-1] - indptr[:-1], out_cnt) + np.arange(indptr[-1])
+        return counts, sp.csr_matrix((out_val[take], out_idx[take], indptr), shape=(n_clusters, self.n_features))
 
     def sq_distances(self, partial_best, rows=None):
         """Squared distances (clipped at 0) from partials."""

@@ -299,13 +299,14 @@ def cluster_sums_sparse(
     changed,                        # IN  (K,) bool: clusters to compute
     row0, block_rows, n_lev,        # IN  global row of local row 0, block size, stack depth
     n_tasks,                        # IN  work units (any grouping of clusters gives the same numbers)
-    store_means,                    # IN  True: C/shift_sq are the outputs; False: sums
+    store_means,                    # IN  True: C/shift_sq are the outputs; False: the CSR sums below
     C, shift_sq,                    # IN/OUT (K, D) centres -> means, (K,) squared moves (store_means)
-    sums,                           # OUT (K, D) float64 cluster sums (not store_means)
+    cap_ptr,                        # IN  (K + 1,) room for cluster j's sums: out_*[cap_ptr[j]:cap_ptr[j + 1]]
+    out_idx, out_val, out_cnt,      # OUT sorted columns and float64 sums of cluster j, their count
 ):
     """Sum of each cluster's rows in the block-tree order; touched entries only."""
     K = offsets.shape[0] - 1
-    D = C.shape[1] if store_means else sums.shape[1]
+    D = C.shape[1]  # (0, D) when not store_means
     for task in prange(n_tasks):
         vals = np.zeros((n_lev, D))
         mark = np.zeros((n_lev, D), dtype=np.bool_)
@@ -343,17 +344,23 @@ def cluster_sums_sparse(
                 top -= 1
             if store_means:
                 _store_mean(j, vals[0], 1.0 / n_j, C, shift_sq)
+            else:
+                cols = np.sort(tidx[0, :tn[0]])
+                base = cap_ptr[j]
+                for u in range(tn[0]):
+                    out_idx[base + u] = cols[u]
+                    out_val[base + u] = vals[0, cols[u]]
+                out_cnt[j] = tn[0]
             for u in range(tn[0]):
                 f = tidx[0, u]
-                if not store_means:
-                    sums[j, f] = vals[0, f]
                 vals[0, f] = 0.0
                 mark[0, f] = False
             tn[0] = 0
 
 
 @njit(parallel=True, **_JIT)
-def cluster_sums_dense(X, order, offsets, changed, row0, block_rows, n_lev, n_tasks, store_means, C, shift_sq, sums):
+def cluster_sums_dense(X, order, offsets, changed, row0, block_rows, n_lev, n_tasks, store_means, C, shift_sq,
+                       sums):
     """Dense twin of :func:`cluster_sums_sparse` (same arguments, X dense)."""
     K = offsets.shape[0] - 1
     D = X.shape[1]

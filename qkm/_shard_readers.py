@@ -159,7 +159,7 @@ def _npz_member(z, name):
 
 def _read_exact(f, dt, count):
     buf = f.read(count * dt.itemsize)
-    return np.frombuffer(buf, dt, count=len(buf) // dt.itemsize)
+    return np.frombuffer(bytearray(buf), dt, count=len(buf) // dt.itemsize)  # writable: canonicalised in place
 
 
 def _npz_blocks(path, dtype, block):

@@ -145,7 +145,9 @@ class ShardedData:
     # ------------------------------------------------------------------ #
     # one round: the same function on every shard, results added in the fixed tree order
     def _scatter(self, obj):
-        self._sent += sum(getattr(a, "nbytes", 0) for a in (obj if isinstance(obj, tuple) else (obj,)))
+        if isinstance(obj, tuple) and self.sparse:
+            obj = T.compact_pack(obj)
+        self._sent += sum(T._nbytes(a) for a in (obj if isinstance(obj, tuple) else (obj,)))
         return self.client.scatter([obj], hash=False)[0]
 
     def _submit_each(self, fn, *args, **kwargs):
@@ -207,6 +209,9 @@ class ShardedData:
             holders = who.get(f.key) or ()
             if holders:
                 self.owners[i] = sorted(holders)[0]
+
+    def reset_traffic(self):
+        self._sent = self._received = 0
 
     def traffic_since_last(self):
         out = {"sent_bytes": self._sent, "received_bytes": self._received}

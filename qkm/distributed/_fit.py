@@ -96,6 +96,7 @@ def fit_kmeans(est, sd, callback=None):
     best = None
     for run_id in range(est._n_runs()):
         centers0 = initial_centers(est.init, sd, n_clusters, rng)
+        sd.reset_traffic()
         log = IterationLog(est.verbose, prefix=f"run {run_id + 1}: " if est.verbose else "", callback=callback)
         key = (token, run_id)
         inertia, centers, n_iter = run(sd, centers0, max_iter=est.max_iter, tol=tol, tol_wcss=est.tol_wcss,

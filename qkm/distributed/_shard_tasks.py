@@ -13,7 +13,9 @@ built with the shard's global first row, so its sums are nodes of the fixed
 summation tree (:mod:`qkm._reduce`).
 """
 
+import collections
 import hashlib
+import threading
 
 import numpy as np
 import scipy.sparse as sp
@@ -89,10 +91,43 @@ def _nbytes(a):
     return getattr(a, "nbytes", 0)
 
 
-def _compact(sums):
-    """Cluster sums of sparse data travel as CSR when that is at most half the dense size (same values)."""
-    nnz = np.count_nonzero(sums)
-    return sp.csr_matrix(sums) if 12 * nnz + 8 * sums.shape[0] <= 0.5 * sums.nbytes else sums
+def compact_pack(pack):
+    """The centres of a pack as CSR when that is at most half their dense size (values unchanged)."""
+    C = pack[0]
+    if C.ndim == 2 and 12 * np.count_nonzero(C) + 8 * C.shape[0] <= 0.5 * C.nbytes:
+        return (sp.csr_matrix(C),) + tuple(pack[1:])
+    return pack
+
+
+def _unpack(pack):
+    """Dense centres back from :func:`compact_pack`."""
+    C = pack[0]
+    return ((np.ascontiguousarray(C.toarray()) if sp.issparse(C) else C),) + tuple(pack[1:])
+
+
+_OPERATORS = collections.OrderedDict()  # id(pack) -> (pack, operator): one per pack per worker process
+_OPERATORS_LOCK = threading.Lock()
+
+
+def _operator(pack, sparse):
+    """The centres of ``pack`` as a DenseOperator, built once per worker for all its shards.
+
+    For sparse data both layouts of C^T are built here, under the lock, so
+    that tasks running in parallel threads never see a half-built layout.
+    """
+    with _OPERATORS_LOCK:
+        hit = _OPERATORS.get(id(pack))
+        if hit is not None and hit[0] is pack:
+            return hit[1]
+        C, c_sq = _unpack(pack)[:2]
+        op = DenseOperator(C, c_sq)
+        if sparse:
+            op.sparse_transpose()
+            op.dense_transpose()
+        _OPERATORS[id(pack)] = (pack, op)
+        while len(_OPERATORS) > 2:
+            _OPERATORS.popitem(last=False)
+        return op
 
 
 def _add(a, b):
@@ -200,8 +235,6 @@ def _finish_step(shard, st, labels_old, it, wcss, extra=None):
     k = st.layouts.C.shape[0]
     counts, sums = shard.data.cluster_sums(st.labels, k)
     st.it = it
-    if shard.data.sparse:
-        sums = _compact(sums)
     return Partial(counts=counts, sums=sums, wcss=wcss, n_changed=n_changed, **(extra or {}))
 
 
@@ -209,9 +242,9 @@ def lloyd_step(shard, pack, key, it, rebuild=None):
     """Assign with ``pack = (C, c_sq)``, then the shard's cluster sums, sizes, WCSS and changed labels."""
     shard.check()
     with shard.threads():
-        st = _state(shard, key, it, rebuild)
+        st = _state(shard, key, it, rebuild and _unpack(rebuild))
         labels_old = st.labels.copy()
-        st.layouts = DenseOperator(*pack)
+        st.layouts = _operator(pack, shard.data.sparse)
         st.it = -2  # mid-update
         shard.data.assign(st.layouts, st.labels, st.partial)
         st.sq = shard.data.sq_distances(st.partial)
@@ -237,7 +270,7 @@ def final_step(shard, pack, key, strict, elkan):
     if st is None:
         raise StateLost(f"shard {shard.index}: final state not on this worker")
     d = shard.data
-    layouts = DenseOperator(*pack)
+    layouts = _operator(pack, d.sparse)
     with shard.threads():
         if not strict:
             d.assign(layouts, st.labels, st.partial)
@@ -267,7 +300,7 @@ def predict(shard, pack):
     labels = np.empty(shard.n_rows, dtype=np.int32)
     partial = np.empty(shard.n_rows, dtype=np.float64)
     with shard.threads():
-        shard.data.assign(DenseOperator(*pack), labels, partial)
+        shard.data.assign(_operator(pack, shard.data.sparse), labels, partial)
     return labels
 
 
@@ -291,7 +324,7 @@ def elkan_count(shard, pack, key, it, rebuild=None):
     shard.check()
     C, c_sq, half_cc, s, shift = pack
     with shard.threads():
-        st = _state(shard, key, it, rebuild)
+        st = _state(shard, key, it, rebuild and _unpack(rebuild))
         n, k = shard.n_rows, C.shape[0]
         if getattr(st, "lb", None) is None:
             st.upper = np.empty(n, dtype=np.float64)
@@ -310,7 +343,7 @@ def elkan_count(shard, pack, key, it, rebuild=None):
 def elkan_step(shard, pack, key, it, mode, want_wcss):
     """One Elkan assignment (``mode`` chosen by the driver from the global pair count), then the sums."""
     shard.check()
-    C, c_sq, half_cc, s, _ = pack
+    _, c_sq, half_cc, s, _ = pack
     st = shard.state.get(key)
     if st is None or st.it != it - 1 or getattr(st, "lb", None) is None:
         raise StateLost(f"shard {shard.index}: Elkan state of iteration {it - 1} not on this worker")
@@ -318,7 +351,7 @@ def elkan_step(shard, pack, key, it, mode, want_wcss):
     err = d.err_rel
     with shard.threads():
         labels_old = st.labels.copy()
-        layouts = st.layouts = DenseOperator(C, c_sq)
+        layouts = st.layouts = _operator(pack, d.sparse)
         n_pairs = 0
         st.it = -2
         if it == 0 or st.bounds_at is None:  # first pass, or bounds lost with a worker: one exact full pass
