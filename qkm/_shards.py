@@ -177,8 +177,10 @@ class _Writer:
         entry = {"name": name, "row_start": self.row, "n_rows": int(X.shape[0]), "files": {}}
         if self.sparse:
             entry["nnz"] = int(X.nnz)
-            entry["files"]["indptr"] = _save(self.directory, f"{name}.indptr.npy", X.indptr.astype(np.int64))
-            entry["files"]["indices"] = _save(self.directory, f"{name}.indices.npy", X.indices.astype(np.int32))
+            # one index dtype for both, so that scipy wraps the memory maps without a copy
+            index = np.int32 if X.nnz <= np.iinfo(np.int32).max else np.int64
+            entry["files"]["indptr"] = _save(self.directory, f"{name}.indptr.npy", X.indptr.astype(index))
+            entry["files"]["indices"] = _save(self.directory, f"{name}.indices.npy", X.indices.astype(index))
             entry["files"]["data"] = _save(self.directory, f"{name}.data.npy", X.data)
         else:
             entry["nnz"] = int(X.size)
@@ -312,8 +314,8 @@ def _finish(tmp, writer, n_features, shift, block_rows, source, fmt):
     for entry in writer.shards:
         if shift and "indices" in entry["files"]:
             path = os.path.join(tmp, entry["files"]["indices"]["file"])
-            indices = np.load(path) - shift
-            np.save(path, indices.astype(np.int32), allow_pickle=False)
+            indices = np.load(path)
+            np.save(path, indices - indices.dtype.type(shift), allow_pickle=False)
         for spec in entry["files"].values():
             spec["sha256"] = _sha256(os.path.join(tmp, spec["file"]))
             spec["bytes"] = os.path.getsize(os.path.join(tmp, spec["file"]))

@@ -19,8 +19,10 @@ import threading
 
 import numpy as np
 import scipy.sparse as sp
+from numba import njit, prange
 
 from .. import _kernels as K_
+from .._kernels import _JIT
 from .. import _reduce
 from .._data import KMeansData
 from .._elkan import _own_sq_distances, _pairs_pass, _set_upper
@@ -94,9 +96,39 @@ def _nbytes(a):
 def compact_pack(pack):
     """The centres of a pack as CSR when that is at most half their dense size (values unchanged)."""
     C = pack[0]
-    if C.ndim == 2 and 12 * np.count_nonzero(C) + 8 * C.shape[0] <= 0.5 * C.nbytes:
-        return (sp.csr_matrix(C),) + tuple(pack[1:])
-    return pack
+    if C.ndim != 2:
+        return pack
+    row_nnz = np.empty(C.shape[0], dtype=np.int64)
+    _row_nnz(C, row_nnz)
+    if 12 * int(row_nnz.sum()) + 8 * C.shape[0] > 0.5 * C.nbytes:
+        return pack
+    indptr = np.zeros(C.shape[0] + 1, dtype=np.int64)
+    np.cumsum(row_nnz, out=indptr[1:])
+    indices = np.empty(indptr[-1], dtype=np.int32)
+    data = np.empty(indptr[-1], dtype=C.dtype)
+    _fill_csr(C, indptr, indices, data)
+    return (sp.csr_matrix((data, indices, indptr), shape=C.shape),) + tuple(pack[1:])
+
+
+@njit(parallel=True, **_JIT)
+def _row_nnz(C, out):
+    for j in prange(C.shape[0]):
+        c = 0
+        for k in range(C.shape[1]):
+            if C[j, k] != 0:
+                c += 1
+        out[j] = c
+
+
+@njit(parallel=True, **_JIT)
+def _fill_csr(C, indptr, indices, data):
+    for j in prange(C.shape[0]):
+        q = indptr[j]
+        for k in range(C.shape[1]):
+            if C[j, k] != 0:
+                indices[q] = k
+                data[q] = C[j, k]
+                q += 1
 
 
 def _unpack(pack):
@@ -105,25 +137,38 @@ def _unpack(pack):
     return ((np.ascontiguousarray(C.toarray()) if sp.issparse(C) else C),) + tuple(pack[1:])
 
 
+class _SharedOperator(DenseOperator):
+    """A DenseOperator shared by the tasks of one worker: layouts of C^T built once, under a lock."""
+
+    def __init__(self, C, c_sq):
+        super().__init__(C, c_sq)
+        self._lock = threading.RLock()
+
+    def column_nnz(self):
+        with self._lock:
+            return super().column_nnz()
+
+    def dense_transpose(self, buffer=None):
+        with self._lock:
+            return super().dense_transpose(None)
+
+    def sparse_transpose(self):
+        with self._lock:
+            return super().sparse_transpose()
+
+
 _OPERATORS = collections.OrderedDict()  # id(pack) -> (pack, operator): one per pack per worker process
 _OPERATORS_LOCK = threading.Lock()
 
 
-def _operator(pack, sparse):
-    """The centres of ``pack`` as a DenseOperator, built once per worker for all its shards.
-
-    For sparse data both layouts of C^T are built here, under the lock, so
-    that tasks running in parallel threads never see a half-built layout.
-    """
+def _operator(pack):
+    """The centres of ``pack`` as one operator per worker, shared by all its shards."""
     with _OPERATORS_LOCK:
         hit = _OPERATORS.get(id(pack))
         if hit is not None and hit[0] is pack:
             return hit[1]
         C, c_sq = _unpack(pack)[:2]
-        op = DenseOperator(C, c_sq)
-        if sparse:
-            op.sparse_transpose()
-            op.dense_transpose()
+        op = _SharedOperator(C, c_sq)
         _OPERATORS[id(pack)] = (pack, op)
         while len(_OPERATORS) > 2:
             _OPERATORS.popitem(last=False)
@@ -244,7 +289,7 @@ def lloyd_step(shard, pack, key, it, rebuild=None):
     with shard.threads():
         st = _state(shard, key, it, rebuild and _unpack(rebuild))
         labels_old = st.labels.copy()
-        st.layouts = _operator(pack, shard.data.sparse)
+        st.layouts = _operator(pack)
         st.it = -2  # mid-update
         shard.data.assign(st.layouts, st.labels, st.partial)
         st.sq = shard.data.sq_distances(st.partial)
@@ -270,7 +315,7 @@ def final_step(shard, pack, key, strict, elkan):
     if st is None:
         raise StateLost(f"shard {shard.index}: final state not on this worker")
     d = shard.data
-    layouts = _operator(pack, d.sparse)
+    layouts = _operator(pack)
     with shard.threads():
         if not strict:
             d.assign(layouts, st.labels, st.partial)
@@ -300,7 +345,7 @@ def predict(shard, pack):
     labels = np.empty(shard.n_rows, dtype=np.int32)
     partial = np.empty(shard.n_rows, dtype=np.float64)
     with shard.threads():
-        shard.data.assign(_operator(pack, shard.data.sparse), labels, partial)
+        shard.data.assign(_operator(pack), labels, partial)
     return labels
 
 
@@ -351,7 +396,7 @@ def elkan_step(shard, pack, key, it, mode, want_wcss):
     err = d.err_rel
     with shard.threads():
         labels_old = st.labels.copy()
-        layouts = st.layouts = _operator(pack, d.sparse)
+        layouts = st.layouts = _operator(pack)
         n_pairs = 0
         st.it = -2
         if it == 0 or st.bounds_at is None:  # first pass, or bounds lost with a worker: one exact full pass
