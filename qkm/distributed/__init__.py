@@ -95,6 +95,7 @@ class ShardedData:
         self._pack = None
         self._sent = self._received = 0
         self.fit_key = None
+        self.n_retries = 0
 
     # ------------------------------------------------------------------ #
     # the protocol KMeans.fit looks for
@@ -197,6 +198,7 @@ class ShardedData:
             except errors:
                 if n >= self.max_retries:
                     raise
+                self.n_retries += 1
                 self._pack = None
                 self._refresh_owners()
 
