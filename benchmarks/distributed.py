@@ -32,7 +32,6 @@ Usage::
 
 import argparse
 import json
-import os
 import resource
 import statistics
 import subprocess
@@ -217,7 +216,7 @@ def fmt_mb(v):
 
 
 def summarise(results, meta):
-    lines = [f"# Distributed Lloyd: in-process vs Dask LocalCluster\n",
+    lines = ["# Distributed Lloyd: in-process vs Dask LocalCluster\n",
              f"Command: `{meta['command']}`  ", f"Machine: {meta['cpu']}, 2 cores shared with other jobs; "
              f"qkm {meta['qkm']}, dask {meta['dask']}.  ",
              f"{meta['iters']} measured iterations after one warm-up; median seconds per iteration; "

@@ -47,7 +47,7 @@ def _print(summary, as_json):
 
 
 def _cmd_shard(args):
-    from ._shards import write_shards
+    from ._shard_writer import write_shards
 
     t0 = time.perf_counter()
     m = write_shards(args.data, args.output, rows_per_shard=args.rows_per_shard, format=args.format,
@@ -87,11 +87,11 @@ def _sharded_only(args):
 
 def _failing(func):
     """Errors of the cluster (lost scheduler, version mismatch) end the command with status 2, no file written."""
-    def run(args):
+    def run(args, *more):
         from .distributed import SchedulerUnreachable, StateLost, VersionMismatch
 
         try:
-            return func(args)
+            return func(args, *more)
         except (VersionMismatch, StateLost, SchedulerUnreachable) as exc:
             print(f"qkm {args.command}: error: {exc}", file=sys.stderr)
             return 2
@@ -99,9 +99,11 @@ def _failing(func):
 
 
 @_failing
-def train_sharded(args):
-    """``qkm train DIR --scheduler ...``: fit on the cluster, then write the model like ``qkm train``."""
-    from .cli import ProgressBar, _make_estimator
+def train_sharded(args, make_estimator, progress_bar):
+    """``qkm train DIR --scheduler ...``: fit on the cluster, then write the model like ``qkm train``.
+
+    ``make_estimator(args, init)`` and ``progress_bar(total)`` are the ones of :mod:`qkm.cli`.
+    """
     from .export import save_model
     from .io import save_centroids
 
@@ -111,12 +113,12 @@ def train_sharded(args):
     if args.with_index or args.with_features:
         raise ValueError("--with-index and --with-features need the data in memory; drop --scheduler.")
     init = args.init if args.init in ("k-means++", "random") else np.load(args.init, allow_pickle=False)
-    est = _make_estimator(args, init)
+    est = make_estimator(args, init)
     from .distributed import ShardedData, connect
 
     with connect(args.scheduler) as client:
         sd = ShardedData(args.data, client)
-        progress = None if (args.verbose or args.quiet) else ProgressBar(est.max_iter)
+        progress = None if (args.verbose or args.quiet) else progress_bar(est.max_iter)
         t0 = time.perf_counter()
         try:
             est.fit(sd, callback=progress)

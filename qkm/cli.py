@@ -92,7 +92,7 @@ def _cmd_train(args):
     if args.scheduler:  # on a Dask cluster, over the shards of a `qkm shard` directory
         from ._cli_distributed import train_sharded
 
-        return train_sharded(args)
+        return train_sharded(args, _make_estimator, ProgressBar)
 
     X, y_file = _load(args.data, args.format)
     init = args.init

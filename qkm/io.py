@@ -404,7 +404,8 @@ def load_data(path, *, format=None, dtype=np.float64, n_features=None, zero_base
     from ._shards import is_sharded, load_sharded
 
     if is_sharded(path):
-        return load_sharded(path, dtype=dtype, n_features=n_features)
+        X, y = load_sharded(path, dtype=dtype, n_features=n_features)
+        return X, (None if y is None else _labels(path, y))
     fmt = _guess_format(_split_name(path)[0]) if format is None else format
     if fmt not in FORMATS:
         raise ValueError(f"format must be one of {FORMATS} or None, got {format!r}")

@@ -19,7 +19,8 @@ from distributed import Client, LocalCluster  # noqa: E402
 
 import qkm  # noqa: E402
 from qkm import _config  # noqa: E402
-from qkm._shards import ShardError, write_shards  # noqa: E402
+from qkm._shard_writer import write_shards  # noqa: E402
+from qkm._shards import ShardError  # noqa: E402
 from qkm.cli import main  # noqa: E402
 from qkm.distributed import SchedulerUnreachable, ShardedData, VersionMismatch, check_versions, connect  # noqa: E402
 

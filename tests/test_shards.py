@@ -14,7 +14,8 @@ import scipy.sparse as sp
 from sklearn.datasets import dump_svmlight_file
 
 from qkm import _config
-from qkm._shards import ShardError, load_shard, read_manifest, write_shards
+from qkm._shard_writer import write_shards
+from qkm._shards import ShardError, load_shard, read_manifest
 from qkm.cli import main
 from qkm.io import DataFormatError, load_data
 

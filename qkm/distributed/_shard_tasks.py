@@ -412,7 +412,7 @@ def elkan_step(shard, pack, key, it, mode, want_wcss):
                                       half_cc, s)
         st.bounds_at = it
         wcss = d.total(_own_sq_distances(d, layouts, st.labels)) if want_wcss else 0.0
-        return _finish_step(shard, st, labels_old, it, wcss)
+        return _finish_step(shard, st, labels_old, it, wcss, {"n_pairs": n_pairs})
 
 
 def label_counts(shard, pack, key, n_clusters):
