@@ -406,6 +406,23 @@ def n_tasks_for(n_clusters):
 
 
 @njit(parallel=True, **_JIT)
+def means_from_csr_sums(
+    indptr, indices, data, counts,  # IN  (K, D) cluster sums as CSR (float64), (K,) sizes
+    C, shift_sq,                    # IN/OUT centres -> means (empty clusters kept), squared moves
+):
+    """:func:`means_from_sums` reading CSR sums (absent entries are 0.0, as in the dense sums)."""
+    K, D = C.shape
+    for j in prange(K):
+        if counts[j] == 0:
+            shift_sq[j] = 0.0
+            continue
+        acc = np.zeros(D)
+        for q in range(indptr[j], indptr[j + 1]):
+            acc[indices[q]] = data[q]
+        _store_mean(j, acc, 1.0 / counts[j], C, shift_sq)
+
+
+@njit(parallel=True, **_JIT)
 def means_from_sums(
     sums, counts,                   # IN  (K, D) float64 combined cluster sums, (K,) sizes
     C, shift_sq,                    # IN/OUT centres -> means (empty clusters kept), squared moves

@@ -96,6 +96,7 @@ class ShardedData:
         self._sent = self._received = 0
         self.fit_key = None
         self.n_retries = 0
+        self.buffers = T.BufferRing()  # the driver's K x D arrays, reused across iterations
 
     # ------------------------------------------------------------------ #
     # the protocol KMeans.fit looks for

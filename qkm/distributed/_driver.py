@@ -12,12 +12,13 @@ numbers do not depend on the failure.
 import time
 
 import numpy as np
+import scipy.sparse as sp
 
 from .. import _config
 from .._elkan import _half_center_distances
 from .._empty import apply_relocations, plan_relocations
 from .._kernels import centroid_sq_norms
-from .._reduce import means_from_sums
+from .._reduce import means_from_csr_sums, means_from_sums
 from .._stopping import IterationLog, StoppingRule
 from . import _shard_tasks as T
 
@@ -29,12 +30,17 @@ class _Update:
         self.C, self.shift_sq, self.c_sq, self.relocated = C, shift_sq, c_sq, relocated
 
 
-def _update(sd, part, C, key, it, elkan):
-    """Means from the combined sums; empty clusters repaired from the shards' farthest points."""
+def _update(sd, part, C, key, it, elkan, C_new):
+    """Means from the combined sums into ``C_new``; empty clusters repaired from the shards' farthest points."""
     k = C.shape[0]
-    C_new = C.copy()
+    np.copyto(C_new, C)
     shift_sq = np.empty(k, dtype=np.float64)
-    means_from_sums(part.dense_sums(), part.counts, C_new, shift_sq)
+    sums = part.sums
+    if sp.issparse(sums):
+        sums = sp.csr_matrix(sums)
+        means_from_csr_sums(sums.indptr, sums.indices, sums.data, part.counts, C_new, shift_sq)
+    else:
+        means_from_sums(sums, part.counts, C_new, shift_sq)
     c_sq = centroid_sq_norms(C_new)
     counts = part.counts.copy()
     n_empty = int((counts == 0).sum())
@@ -73,9 +79,11 @@ def run_lloyd(sd, centers_init, *, max_iter, tol, tol_wcss=0.0, verbose=0, log=N
         n_iter = it + 1
         t0 = time.perf_counter()
 
-        def attempt(rebuild, it=it, C=C, c_sq=c_sq, C_prev=C_prev):
+        out = sd.buffers.get(C.shape, C.dtype)  # three in turn: C and the previous C stay intact
+
+        def attempt(rebuild, it=it, C=C, c_sq=c_sq, C_prev=C_prev, out=out):
             part = sd.map_reduce(T.lloyd_step, (C, c_sq), key, it, rebuild=C_prev if rebuild else None)
-            return part, _update(sd, part, C, key, it, elkan=False)
+            return part, _update(sd, part, C, key, it, False, out)
 
         part, up = sd.retrying(attempt)
         wcss = part.wcss
@@ -87,7 +95,7 @@ def run_lloyd(sd, centers_init, *, max_iter, tol, tol_wcss=0.0, verbose=0, log=N
         if stop:
             break
     inertia = sd.retrying(lambda rebuild: _final(sd, C, c_sq, key, strict, False, wcss))
-    return inertia, C, n_iter
+    return inertia, C.copy(), n_iter
 
 
 def run_elkan(sd, centers_init, *, max_iter, tol, tol_wcss=0.0, verbose=0, log=None, key=None):
@@ -110,8 +118,9 @@ def run_elkan(sd, centers_init, *, max_iter, tol, tol_wcss=0.0, verbose=0, log=N
             half_cc = _half_center_distances(C, c_sq, err)
         s = half_cc.min(axis=1) if half_cc is not None else None
         pack = (C, c_sq, half_cc, s, shift)
+        out = sd.buffers.get(C.shape, C.dtype)
 
-        def attempt(rebuild, it=it, pack=pack, C=C, C_prev=C_prev):
+        def attempt(rebuild, it=it, pack=pack, C=C, C_prev=C_prev, out=out):
             counted = sd.map_reduce(T.elkan_count, pack, key, it, rebuild=C_prev if rebuild else None)
             if it == 0:
                 mode, n_pairs = "full", n * k
@@ -121,7 +130,7 @@ def run_elkan(sd, centers_init, *, max_iter, tol, tol_wcss=0.0, verbose=0, log=N
             part = sd.map_reduce(T.elkan_step, pack, key, it, mode, want_wcss, same_pack=True)
             if mode == "pairs":
                 n_pairs = part.n_pairs
-            return part, mode, n_pairs, _update(sd, part, C, key, it, elkan=True)
+            return part, mode, n_pairs, _update(sd, part, C, key, it, True, out)
 
         part, mode, n_pairs, up = sd.retrying(attempt)
         wcss = part.wcss if want_wcss else None
@@ -136,4 +145,4 @@ def run_elkan(sd, centers_init, *, max_iter, tol, tol_wcss=0.0, verbose=0, log=N
         if stop:
             break
     inertia = sd.retrying(lambda rebuild: _final(sd, C, c_sq, key, strict, True, None))
-    return inertia, C, n_iter
+    return inertia, C.copy(), n_iter

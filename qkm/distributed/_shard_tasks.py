@@ -83,8 +83,6 @@ class Partial:
     def nbytes(self):
         return sum(_nbytes(a) for a in (self.counts, self.sums, self.vector))
 
-    def dense_sums(self):
-        return self.sums.toarray() if sp.issparse(self.sums) else self.sums
 
 
 def _nbytes(a):
@@ -131,10 +129,45 @@ def _fill_csr(C, indptr, indices, data):
                 q += 1
 
 
+class BufferRing:
+    """A few reused arrays per (shape, dtype), handed out in turn.
+
+    K x D arrays are allocated fresh by the OS (page faults on every page)
+    each time; reusing them keeps the per-iteration cost of a fit over shards
+    near the in-memory fit's, which also reuses its buffers. An array is
+    handed out again only ``size`` requests later, after the iterations that
+    used it are over.
+    """
+
+    def __init__(self, size=3):
+        self.size = size
+        self._rings = {}
+        self._lock = threading.Lock()
+
+    def get(self, shape, dtype):
+        key = (tuple(shape), np.dtype(dtype).str)
+        with self._lock:
+            ring, turn = self._rings.get(key, ([], 0))
+            if len(ring) < self.size:
+                ring.append(np.empty(shape, dtype=dtype))
+                buf = ring[-1]
+            else:
+                buf = ring[turn % self.size]
+            self._rings[key] = (ring, turn + 1)
+        return buf
+
+
+_RING = BufferRing()
+
+
 def _unpack(pack):
-    """Dense centres back from :func:`compact_pack`."""
+    """Dense centres back from :func:`compact_pack` (into a reused buffer)."""
     C = pack[0]
-    return ((np.ascontiguousarray(C.toarray()) if sp.issparse(C) else C),) + tuple(pack[1:])
+    if sp.issparse(C):
+        out = _RING.get(C.shape, C.dtype)
+        out.fill(0)
+        C = C.toarray(out=out)
+    return (C,) + tuple(pack[1:])
 
 
 class _SharedOperator(DenseOperator):
@@ -150,7 +183,9 @@ class _SharedOperator(DenseOperator):
 
     def dense_transpose(self, buffer=None):
         with self._lock:
-            return super().dense_transpose(None)
+            if self._dense_ct is None:
+                return super().dense_transpose(_RING.get(self.C.shape[::-1], self.C.dtype))
+            return self._dense_ct
 
     def sparse_transpose(self):
         with self._lock:
