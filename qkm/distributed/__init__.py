@@ -97,6 +97,7 @@ class ShardedData:
         self.fit_key = None
         self.n_retries = 0
         self.buffers = T.BufferRing()  # the driver's K x D arrays, reused across iterations
+        self.poll_seconds = 1.0
 
     # ------------------------------------------------------------------ #
     # the protocol KMeans.fit looks for
@@ -153,9 +154,27 @@ class ShardedData:
         return self.client.scatter([obj], hash=False)[0]
 
     def _submit_each(self, fn, *args, **kwargs):
+        """``fn(shard, ...)`` on every shard, pinned to the worker holding it and its state (no work stealing:
+        a shard moved to another worker arrives without its state)."""
         futures = self.load()
-        return [self.client.submit(fn, f, *args, **kwargs, workers=[w], allow_other_workers=True, pure=False)
+        return [self.client.submit(fn, f, *args, **kwargs, workers=[w], allow_other_workers=False, pure=False)
                 for f, w in zip(futures, self.owners)]
+
+    def _wait(self, futures):
+        """Wait for ``futures``; raise :class:`WorkerLost` (the iteration is repeated) if a shard's worker left."""
+        from distributed import wait
+
+        while True:
+            try:
+                wait(futures, timeout=self.poll_seconds)
+                return
+            except TimeoutError:
+                pass
+            alive = set(self.client.scheduler_info()["workers"])
+            gone = sorted(set(self.owners) - alive)
+            if gone:
+                self.client.cancel(futures)
+                raise T.WorkerLost(f"worker(s) {', '.join(gone)} left the cluster")
 
     def map_reduce(self, fn, pack, *args, rebuild=None, same_pack=False):
         """``fn(shard, pack, *args)`` on every shard, combined along :func:`qkm._reduce.merge_plan`."""
@@ -167,12 +186,15 @@ class ShardedData:
         values = self._submit_each(fn, self._pack, *args, **kwargs)
         for a, b in merge_plan((self.starts // _config.REDUCE_BLOCK_ROWS).tolist()):
             values[a] = self.client.submit(T.combine, values[a], values[b], pure=False)
+        self._wait([values[0]])
         out = values[0].result()
         self._received += out.nbytes
         return out
 
     def gather_each(self, fn, *args):
-        out = self.client.gather(self._submit_each(fn, *args))
+        futures = self._submit_each(fn, *args)
+        self._wait(futures)
+        out = self.client.gather(futures)
         self._received += sum(T._nbytes(a) for r in out for a in (r if isinstance(r, tuple) else (r,)))
         return out
 
@@ -185,8 +207,10 @@ class ShardedData:
         for s in np.unique(where):
             pick = np.flatnonzero(where == s)
             local = global_rows[pick] - self.starts[s]
-            out[pick] = self.client.submit(T.rows, futures[s], local, workers=[self.owners[s]],
-                                           allow_other_workers=True, pure=False).result()
+            fut = self.client.submit(T.rows, futures[s], local, workers=[self.owners[s]],
+                                     allow_other_workers=False, pure=False)
+            self._wait([fut])
+            out[pick] = fut.result()
         self._received += out.nbytes
         return out
 
@@ -204,14 +228,17 @@ class ShardedData:
                 self._refresh_owners()
 
     def _refresh_owners(self):
-        try:
-            who = self.client.who_has(self._futures)
-        except Exception:  # noqa: BLE001 - placement is only a hint
-            return
+        """After a loss: each shard goes to a live worker holding it, else to the live worker with fewest rows."""
+        alive = sorted(self.client.scheduler_info()["workers"])
+        if not alive:
+            raise SchedulerUnreachable("the Dask cluster has no workers left.")
+        who = self.client.who_has(self._futures)
+        load = {w: 0 for w in alive}
         for i, f in enumerate(self._futures):
-            holders = who.get(f.key) or ()
-            if holders:
-                self.owners[i] = sorted(holders)[0]
+            holders = [w for w in sorted(who.get(f.key) or ()) if w in load]
+            if self.owners[i] not in load:
+                self.owners[i] = holders[0] if holders else min(load, key=load.get)
+            load[self.owners[i]] += int(self.sizes[i])
 
     def reset_traffic(self):
         self._sent = self._received = 0
@@ -253,7 +280,7 @@ class ShardedData:
         labels = self._submit_each(T.predict, pack)
         if name is not None:
             futures = self.load()
-            writes = [self.client.submit(T.write_labels, f, lab, name, workers=[w], allow_other_workers=True,
+            writes = [self.client.submit(T.write_labels, f, lab, name, workers=[w], allow_other_workers=False,
                                          pure=False) for f, lab, w in zip(futures, labels, self.owners)]
             return self.client.gather(writes)
         it = iter(labels)
@@ -266,6 +293,6 @@ class ShardedData:
         key = self.fit_key if key is None else key
         futures = self.load()
         labels = self._submit_each(T.labels_of, key)
-        writes = [self.client.submit(T.write_labels, f, lab, name, workers=[w], allow_other_workers=True,
+        writes = [self.client.submit(T.write_labels, f, lab, name, workers=[w], allow_other_workers=False,
                                      pure=False) for f, lab, w in zip(futures, labels, self.owners)]
         return self.client.gather(writes)

@@ -60,11 +60,13 @@ def _update(sd, part, C, key, it, elkan, C_new):
     return _Update(C_new, shift_sq, c_sq, relocated)
 
 
-def _final(sd, C, c_sq, key, strict, elkan, wcss_last):
-    """Inertia of the final labels (a last E-step unless the labels had stopped changing)."""
-    if strict and not elkan:
-        return wcss_last
-    return sd.map_reduce(T.final_step, (C, c_sq), key, strict, elkan).wcss
+def _final(sd, C, c_sq, key, it, strict, elkan, C_last, rebuild):
+    """Inertia of the final labels (a last E-step unless the labels had stopped changing).
+
+    Also makes sure every shard holds the final labels (rebuilt from ``C_last``, the centres of the last
+    assignment, after a lost worker).
+    """
+    return sd.map_reduce(T.final_step, (C, c_sq), key, it, strict, elkan, rebuild=C_last if rebuild else None).wcss
 
 
 def run_lloyd(sd, centers_init, *, max_iter, tol, tol_wcss=0.0, verbose=0, log=None, key=None):
@@ -94,7 +96,7 @@ def run_lloyd(sd, centers_init, *, max_iter, tol, tol_wcss=0.0, verbose=0, log=N
         C_prev, C, c_sq = (C, c_sq), up.C, up.c_sq
         if stop:
             break
-    inertia = sd.retrying(lambda rebuild: _final(sd, C, c_sq, key, strict, False, wcss))
+    inertia = sd.retrying(lambda rebuild: _final(sd, C, c_sq, key, n_iter - 1, strict, False, C_prev, rebuild))
     return inertia, C.copy(), n_iter
 
 
@@ -144,5 +146,5 @@ def run_elkan(sd, centers_init, *, max_iter, tol, tol_wcss=0.0, verbose=0, log=N
         C_prev, C, c_sq = (C, c_sq), up.C, up.c_sq
         if stop:
             break
-    inertia = sd.retrying(lambda rebuild: _final(sd, C, c_sq, key, strict, True, None))
+    inertia = sd.retrying(lambda rebuild: _final(sd, C, c_sq, key, n_iter - 1, strict, True, C_prev, rebuild))
     return inertia, C.copy(), n_iter

@@ -78,8 +78,9 @@ def initial_centers(init, sd, n_clusters, rng):
         counts = np.random.default_rng([seed, 0]).multivariate_hypergeometric(sd.sizes, sd.init_sample_size)
         futures = sd.load()
         parts = [sd.client.submit(T.sample_rows, f, int(c), [seed, 1, int(i)], workers=[w],
-                                  allow_other_workers=True, pure=False)
+                                  allow_other_workers=False, pure=False)
                  for f, c, i, w in zip(futures, counts, sd.shards, sd.owners) if c > 0]
+        sd._wait(parts)
         sample = _stack(sd.client.gather(parts))
     return kmeans_plusplus(KMeansData(sample), n_clusters, rng)[0]
 

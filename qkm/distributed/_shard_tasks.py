@@ -38,6 +38,10 @@ class StateLost(RuntimeError):
     """A shard's per-fit state is gone (worker lost or shard moved); the driver repeats the iteration."""
 
 
+class WorkerLost(StateLost):
+    """A worker holding shards left the cluster during a round."""
+
+
 class Shard:
     """One shard on a worker.
 
@@ -343,16 +347,19 @@ def candidates(shard, key, it, m, elkan):
     return sq[order], order.astype(np.int64) + shard.row0, st.labels[order]
 
 
-def final_step(shard, pack, key, strict, elkan):
-    """Inertia of the final labels against ``pack`` (the final centres); a last E-step unless ``strict``."""
+def final_step(shard, pack, key, it, strict, elkan, rebuild=None):
+    """Inertia of the final labels against ``pack`` (the final centres); a last E-step unless ``strict``.
+
+    ``it`` is the last iteration; its labels are rebuilt from ``rebuild`` (its centres) if the state is gone.
+    """
     shard.check()
-    st = shard.state.get(key)
-    if st is None:
-        raise StateLost(f"shard {shard.index}: final state not on this worker")
     d = shard.data
-    layouts = _operator(pack)
     with shard.threads():
-        if not strict:
+        st = _state(shard, key, it + 1, rebuild and _unpack(rebuild))  # the labels of the last iteration
+        layouts = _operator(pack)
+        if strict and not elkan:
+            pass  # the last assignment's partials are the final ones
+        elif not strict:
             d.assign(layouts, st.labels, st.partial)
         elif elkan:
             st.partial[:] = d.pair_partials(layouts, d.all_rows, st.labels.astype(np.int64))
