@@ -306,6 +306,11 @@ def main():
                     r = json.loads(line[-1][7:])
                     print("   ", {k2: r[k2] for k2 in ("seconds_per_iter", "inertia", "driver_peak_mb")}, flush=True)
                     results[key].append(r)
+                    write(args, results, shapes)  # after every configuration: a partial run still leaves results
+    print(write(args, results, shapes))
+
+
+def write(args, results, shapes):
     import dask
 
     import qkm
@@ -314,9 +319,10 @@ def main():
             "cpu": cpu_name(), "qkm": qkm.__version__, "dask": dask.__version__, "iters": args.iters,
             "rounds": args.rounds, "shapes": shapes}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    text = summarise(results, meta)
     TS.write_text_atomic(args.out + ".json", json.dumps({"meta": meta, "results": results}, indent=1))
-    TS.write_text_atomic(args.out + ".md", summarise(results, meta))
-    print(summarise(results, meta))
+    TS.write_text_atomic(args.out + ".md", text)
+    return text
 
 
 if __name__ == "__main__":
