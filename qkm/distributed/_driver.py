@@ -91,7 +91,7 @@ def run_lloyd(sd, centers_init, *, max_iter, tol, tol_wcss=0.0, verbose=0, log=N
         wcss = part.wcss
         shift_total = float(up.shift_sq.sum())
         log.record(it, wcss=wcss, shift=shift_total, storage="shards", relocated=up.relocated,
-                   seconds=time.perf_counter() - t0, **sd.traffic_since_last())
+                   seconds=time.perf_counter() - t0, shard_seconds=part.seconds, **sd.traffic_since_last())
         strict, stop = rule.check_changed(part.n_changed, shift_total, wcss)
         C_prev, C, c_sq = (C, c_sq), up.C, up.c_sq
         if stop:

@@ -16,6 +16,7 @@ summation tree (:mod:`qkm._reduce`).
 import collections
 import hashlib
 import threading
+import time
 
 import numpy as np
 import scipy.sparse as sp
@@ -79,9 +80,10 @@ class Shard:
 class Partial:
     """Sums of one shard (or of a node of shards): added by :func:`combine` in the fixed tree order."""
 
-    def __init__(self, counts=None, sums=None, wcss=0.0, n_changed=0, n_pairs=0, vector=None):
+    def __init__(self, counts=None, sums=None, wcss=0.0, n_changed=0, n_pairs=0, vector=None, seconds=0.0):
         self.counts, self.sums, self.wcss = counts, sums, float(wcss)
         self.n_changed, self.n_pairs, self.vector = int(n_changed), int(n_pairs), vector
+        self.seconds = float(seconds)  # time spent in the shard tasks (diagnostics)
 
     @property
     def nbytes(self):
@@ -226,7 +228,7 @@ def _add(a, b):
 def combine(a, b):
     """``a + b`` term by term (new arrays: task inputs are never modified)."""
     return Partial(_add(a.counts, b.counts), _add(a.sums, b.sums), a.wcss + b.wcss, a.n_changed + b.n_changed,
-                   a.n_pairs + b.n_pairs, _add(a.vector, b.vector))
+                   a.n_pairs + b.n_pairs, _add(a.vector, b.vector), a.seconds + b.seconds)
 
 
 # --------------------------------------------------------------------------- #
@@ -324,6 +326,7 @@ def _finish_step(shard, st, labels_old, it, wcss, extra=None):
 
 def lloyd_step(shard, pack, key, it, rebuild=None):
     """Assign with ``pack = (C, c_sq)``, then the shard's cluster sums, sizes, WCSS and changed labels."""
+    t0 = time.perf_counter()
     shard.check()
     with shard.threads():
         st = _state(shard, key, it, rebuild and _unpack(rebuild))
@@ -333,7 +336,9 @@ def lloyd_step(shard, pack, key, it, rebuild=None):
         shard.data.assign(st.layouts, st.labels, st.partial)
         st.sq = shard.data.sq_distances(st.partial)
         st.own_sq = None
-        return _finish_step(shard, st, labels_old, it, shard.data.total(st.sq))
+        part = _finish_step(shard, st, labels_old, it, shard.data.total(st.sq))
+    part.seconds = time.perf_counter() - t0
+    return part
 
 
 def candidates(shard, key, it, m, elkan):
