@@ -233,7 +233,8 @@ def summarise(results, meta):
             if r["config"] == "inproc-1t" and ref is None:
                 ref = r["inertia"]
         for r in rows:
-            same = "identical" if r["inertia"] == ref else f"{r['inertia']!r} (differs)"
+            same = ("(no in-process run)" if ref is None else
+                    "identical" if r["inertia"] == ref else f"{r['inertia']!r} (differs)")
             lines.append(
                 f"| {r['config']} | {r['seconds_per_iter']:.3f} | {fmt_mb(r.get('to_workers_bytes', 0))} | "
                 f"{fmt_mb(r.get('to_driver_bytes', 0))} | {fmt_mb(r.get('worker_to_worker_bytes', 0))} | "
