@@ -112,10 +112,13 @@ def _cmd_train(args):
     save_model(est, args.output, index=index, nystroem=nystroem,
                extra_metadata={"train_seconds": elapsed, "data": os.path.basename(args.data),
                                "n_samples": int(X.shape[0]), "data_fingerprint": data_fingerprint(X)})
+    args.written.append(args.output)
     if args.labels:
         save_labels(args.labels, est.labels_)
+        args.written.append(args.labels)
     if args.centroids:
         save_centroids(args.centroids, est.cluster_centers_)
+        args.written.append(args.centroids)
     summary = {
         "model": args.output,
         "algorithm": args.algorithm,
@@ -162,6 +165,7 @@ def _cmd_export(args):
     else:
         save_model(model, args.output)
         summary = {"output": args.output, "format": "safe", "bytes": os.path.getsize(args.output)}
+    args.written.append(args.output)
     print(json.dumps(summary) if args.json else "\n".join(f"{k}: {v}" for k, v in summary.items()))
     return 0
 
@@ -175,6 +179,7 @@ def _cmd_predict(args):
     labels = model.predict(X)
     if args.output:
         save_labels(args.output, labels)
+        args.written.append(args.output)
     else:
         sys.stdout.write("\n".join(map(str, labels.tolist())) + "\n")
     return 0
@@ -349,9 +354,16 @@ def build_parser():
 
 
 def main(argv=None):
-    """Entry point of the ``qkm`` console script; returns the exit status."""
+    """Entry point of the ``qkm`` console script; returns the exit status.
+
+    Bad input is one line on stderr and status 2; Ctrl-C (SIGINT) one line and
+    status 130 (128 + SIGINT, as shells report it). Files are written
+    atomically, so an interrupted or failed command leaves any existing file
+    as it was.
+    """
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.written = []  # files a command completed, for the message of an interrupted run
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("default")
@@ -359,6 +371,10 @@ def main(argv=None):
     except (ValueError, TypeError, FileNotFoundError, OSError) as exc:
         print(f"qkm {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        done = f"already written: {', '.join(args.written)}" if args.written else "nothing written"
+        print(f"qkm {args.command}: interrupted, {done}", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -21,6 +21,7 @@ from qkm.export import (
     save_joblib,
     save_model,
 )
+from qkm.export._safe import header_checksum
 
 
 def read_entries(path):
@@ -181,7 +182,7 @@ def test_out_of_range_factor_index_rejected(fitted_chain, tmp_path):
     np.save(buf, indices)
     entries["arrays/factor0_indices.npy"] = buf.getvalue()
     header["arrays"]["factor0_indices"]["sha256"] = hashlib.sha256(buf.getvalue()).hexdigest()
-    header.pop("checksum")
+    header["checksum"] = header_checksum(header)  # forged, but consistent
     bad = tmp_path / "bad.qkm"
     write_entries(bad, header, entries)
     with pytest.raises(ModelFormatError, match="factor 0 is not a valid CSR"):
@@ -250,7 +251,7 @@ def test_inconsistent_part_rejected(fitted_chain, blobs, tmp_path):
     assert index_arrays  # the index travelled in the file
     victim = max(index_arrays, key=lambda n: int(np.prod(header["arrays"][n]["shape"]) or 0))
     del header["arrays"][victim]  # a part with a missing array (checksums still consistent)
-    header.pop("checksum")
+    header["checksum"] = header_checksum(header)  # forged, but consistent
     bad = tmp_path / "bad.qkm"
     write_entries(bad, header, entries)
     with pytest.raises(ModelFormatError, match="ClusterIndex is inconsistent"):
