@@ -31,7 +31,8 @@ from .errors import RequestError
 
 __all__ = [
     "JSON", "OCTET", "NPY", "media_kind", "parse_shape_header", "decode_json", "rows_from_json",
-    "rows_from_octet", "rows_from_npy", "validate_rows", "int_param", "check_batch", "numeric_array",
+    "rows_from_octet", "rows_from_npy", "validate_rows", "check_row_norms", "int_param", "check_batch",
+    "numeric_array",
 ]
 
 JSON, OCTET, NPY = "json", "octet-stream", "npy"
@@ -179,6 +180,9 @@ def _sparse_rows(indices, values, n_features, max_rows):
     np.cumsum(lengths, out=indptr[1:])
     flat_idx = numeric_array(list(chain.from_iterable(indices)), "'indices'")
     flat_val = numeric_array(list(chain.from_iterable(values)), "'values'")
+    if flat_idx.ndim != 1 or flat_val.ndim != 1:
+        raise RequestError(400, "each row of 'indices' and 'values' must be a flat list of numbers "
+                                "(found nested lists).")
     if flat_idx.size and flat_idx.dtype.kind not in "iu":
         raise RequestError(400, "'indices' must hold integer column indices.")
     if flat_idx.size:
@@ -233,11 +237,14 @@ def rows_from_npy(body, n_features, max_rows):
     return np.frombuffer(data, dtype=dtype).reshape(shape, order="F" if fortran_order else "C")
 
 
-def validate_rows(X, n_features, max_rows, dtype):
+def validate_rows(X, n_features, max_rows, dtype, max_norm=None):
     """``X`` checked and converted for the model: finite, ``n_features`` columns, at most ``max_rows`` rows.
 
     Returns a C-contiguous ``dtype`` array or a canonical CSR matrix
     (:func:`qkm._validation.check_data`); any problem is a 400 naming it.
+    ``max_norm``: the largest Euclidean row norm the model's arithmetic takes
+    without overflow (:attr:`qkm.serve.backend.InferenceBackend.max_row_norm`);
+    a finite row above it would give an infinite, NaN or clamped distance.
     """
     check_batch(X.shape[0], max_rows, "the request")
     try:
@@ -246,7 +253,39 @@ def validate_rows(X, n_features, max_rows, dtype):
         check_feature_count(X, n_features, what="X", estimator="the model")
     except (ValueError, TypeError) as exc:
         raise RequestError(400, str(exc)) from None
+    if max_norm is not None:
+        check_row_norms(X, max_norm, dtype)
     return X
+
+
+def check_row_norms(X, max_norm, dtype):
+    """400 naming the overflow if a row's Euclidean norm exceeds ``max_norm``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> check_row_norms(np.array([[3.0, 4.0]]), 10.0, np.float64)
+    >>> try:
+    ...     check_row_norms(np.array([[3.0, 4.0], [1e200, 0.0]]), 10.0, np.float64)
+    ... except RequestError as exc:
+    ...     print(exc.status, str(exc)[:60])
+    400 numeric overflow: row 1 has Euclidean norm 1e+200, too lar
+    """
+    values = X.data if sp.issparse(X) else X
+    if values.size == 0 or float(np.abs(values).max()) * np.sqrt(X.shape[1]) <= max_norm:
+        return  # the common case: one pass, no norm needed
+    if sp.issparse(X):
+        squares = sp.csr_matrix((np.square(X.data, dtype=np.float64), X.indices, X.indptr), shape=X.shape)
+        sq_norms = np.asarray(squares.sum(axis=1)).ravel()
+    else:
+        sq_norms = np.square(X, dtype=np.float64).sum(axis=1)
+    with np.errstate(over="ignore"):
+        bad = np.flatnonzero(~(np.sqrt(sq_norms) <= max_norm))
+    if bad.size:
+        raise RequestError(400, f"numeric overflow: row {int(bad[0])} has Euclidean norm "
+                                f"{float(np.sqrt(sq_norms[bad[0]])):.3g}, too large for the model's "
+                                f"{np.dtype(dtype)} arithmetic (its distances would overflow above "
+                                f"{max_norm:.3g}); scale the data down.")
 
 
 def int_param(value, name, *, low, high, default=None):

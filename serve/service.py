@@ -72,6 +72,7 @@ class Service:
             "checksum": getattr(model, "checksum", None) or "",
         })
         self.in_flight = InFlightLimit(settings.max_in_flight, gauge=self.metrics.in_flight)
+        self.max_row_norm = self.backend.max_row_norm  # larger rows overflow the distances: 400
         self.pool = InferencePool(settings.inference_threads)
 
     # -- start-up ---------------------------------------------------------- #
@@ -106,7 +107,7 @@ class Service:
             X = rows_from_octet(body, shape)
         else:
             X = rows_from_npy(body, n_features, s.max_batch_rows)
-        return validate_rows(X, n_features, s.max_batch_rows, self.backend.dtype), obj
+        return validate_rows(X, n_features, s.max_batch_rows, self.backend.dtype, self.max_row_norm), obj
 
     def assign_answer(self, body, kind, shape, query):
         X, _ = self.rows(body, kind, shape)
@@ -137,7 +138,7 @@ class Service:
             raise RequestError(400, "an application/octet-stream infer request is JSON then binary tensor data: "
                                     f"it needs the {HEADER_LENGTH} header (the JSON's length).")
         X, outputs, request_id = parse_infer_request(body, header_length, n_features, s.max_batch_rows)
-        X = validate_rows(X, n_features, s.max_batch_rows, self.backend.dtype)
+        X = validate_rows(X, n_features, s.max_batch_rows, self.backend.dtype, self.max_row_norm)
         labels, sq_dist = _client_errors(self.backend.assign, X)
         return (*encode_infer_response(s.model_name, request_id, outputs, labels, sq_dist), X.shape[0])
 
