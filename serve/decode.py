@@ -269,21 +269,23 @@ def check_row_norms(X, max_norm, dtype):
     ...     check_row_norms(np.array([[3.0, 4.0], [1e200, 0.0]]), 10.0, np.float64)
     ... except RequestError as exc:
     ...     print(exc.status, str(exc)[:60])
-    400 numeric overflow: row 1 has Euclidean norm 1e+200, too lar
+    400 numeric overflow: row 1 has Euclidean norm 1e+200, too large
     """
     values = X.data if sp.issparse(X) else X
     if values.size == 0 or float(np.abs(values).max()) * np.sqrt(X.shape[1]) <= max_norm:
         return  # the common case: one pass, no norm needed
-    if sp.issparse(X):
-        squares = sp.csr_matrix((np.square(X.data, dtype=np.float64), X.indices, X.indptr), shape=X.shape)
-        sq_norms = np.asarray(squares.sum(axis=1)).ravel()
-    else:
-        sq_norms = np.square(X, dtype=np.float64).sum(axis=1)
+    # norms without overflow: each row scaled by its largest magnitude first
+    X = (sp.csr_matrix(X, dtype=np.float64) if sp.issparse(X) else np.asarray(X, dtype=np.float64))
+    scale = (abs(X).max(axis=1).toarray().ravel() if sp.issparse(X) else np.abs(X).max(axis=1))
+    scale[scale == 0] = 1.0
+    scaled = sp.diags(1.0 / scale) @ X if sp.issparse(X) else X / scale[:, None]
+    sums = np.asarray(scaled.multiply(scaled).sum(axis=1)).ravel() if sp.issparse(X) else (scaled**2).sum(axis=1)
     with np.errstate(over="ignore"):
-        bad = np.flatnonzero(~(np.sqrt(sq_norms) <= max_norm))
+        norms = scale * np.sqrt(sums)
+    bad = np.flatnonzero(~(norms <= max_norm))
     if bad.size:
         raise RequestError(400, f"numeric overflow: row {int(bad[0])} has Euclidean norm "
-                                f"{float(np.sqrt(sq_norms[bad[0]])):.3g}, too large for the model's "
+                                f"{float(norms[bad[0]]):.3g}, too large for the model's "
                                 f"{np.dtype(dtype)} arithmetic (its distances would overflow above "
                                 f"{max_norm:.3g}); scale the data down.")
 
