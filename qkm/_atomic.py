@@ -11,7 +11,32 @@ import os
 import secrets
 import stat
 
-__all__ = ["atomic_open"]
+__all__ = ["atomic_open", "check_destination"]
+
+
+def check_destination(path):
+    """Raise a clear ``OSError`` if ``path`` cannot be a file written here: a directory, or in a missing one.
+
+    Callers that work long before writing (``qkm train``) check first, so a
+    typo in ``-o`` costs nothing.
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> d = tempfile.mkdtemp()
+    >>> check_destination(os.path.join(d, "model.qkm"))
+    >>> try:
+    ...     check_destination(d)
+    ... except IsADirectoryError as exc:
+    ...     print("is a directory" in str(exc))
+    True
+    """
+    path = os.fspath(path)
+    if os.path.isdir(path):
+        raise IsADirectoryError(f"{path} is a directory; give the name of a file to write.")
+    directory = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(directory):
+        raise FileNotFoundError(f"cannot write {path}: the directory {directory} does not exist.")
 
 
 def _create_temporary(directory, name):
@@ -23,6 +48,8 @@ def _create_temporary(directory, name):
             return os.open(tmp, flags, 0o666), tmp
         except FileExistsError:  # pragma: no cover - 48 random bits
             continue
+        except PermissionError as exc:
+            raise PermissionError(exc.errno, f"cannot write in {directory} ({exc.strerror})") from None
 
 
 @contextlib.contextmanager
@@ -57,6 +84,7 @@ def atomic_open(path, mode="wb"):
     if mode not in ("wb", "w"):
         raise ValueError(f"mode must be 'wb' or 'w', got {mode!r}")
     path = os.fspath(path)
+    check_destination(path)
     directory = os.path.dirname(os.path.abspath(path))
     fd, tmp = _create_temporary(directory, os.path.basename(path))
     try:

@@ -84,13 +84,22 @@ def _make_estimator(args, init):
 
 
 def _cmd_train(args):
+    from ._atomic import check_destination
+    from ._init import distinct_row_indices
     from .export import data_fingerprint, save_model
     from .io import save_centroids, save_labels
 
+    for path in (args.output, args.labels, args.centroids):  # before the work, not after it
+        if path is not None:
+            check_destination(path)
     X, y_file = _load(args.data, args.format)
     init = args.init
     if init not in ("k-means++", "random"):
         init = np.load(init, allow_pickle=False)
+    elif args.k >= 1 and (n_distinct := len(distinct_row_indices(X, stop_at=args.k))) < args.k:
+        # the estimators would fit fewer clusters (with a warning); asked on the command line, it is an error
+        raise ValueError(f"{args.data} holds {n_distinct} distinct row(s), fewer than the {args.k} clusters "
+                         f"asked for: choose -k {n_distinct} or less.")
     est = _make_estimator(args, init)
     progress = None if (args.verbose or args.quiet) else ProgressBar(est.max_iter)
     t0 = time.perf_counter()
@@ -364,9 +373,14 @@ def main(argv=None):
     parser = build_parser()
     args = parser.parse_args(argv)
     args.written = []  # files a command completed, for the message of an interrupted run
+
+    def show_warning(message, category, filename, lineno, file=None, line=None):  # one line, no source
+        print(f"qkm {args.command}: warning: {message}", file=sys.stderr)
+
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("default")
+            warnings.showwarning = show_warning
             return args.func(args)
     except (ValueError, TypeError, FileNotFoundError, OSError) as exc:
         print(f"qkm {args.command}: error: {exc}", file=sys.stderr)
