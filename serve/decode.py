@@ -20,6 +20,7 @@ CSR) rows with the model's feature count, finite values and at most
 
 import io
 import json
+import math
 from itertools import chain
 
 import numpy as np
@@ -98,8 +99,21 @@ def parse_shape_header(value, n_features, max_rows):
     return shape
 
 
+def _reject_booleans(obj, where="the body"):
+    """400 if a JSON list holds ``true``/``false``: numpy would read them as 1 and 0 (flags in objects are fine)."""
+    if isinstance(obj, dict):
+        for key, value in obj.items():
+            _reject_booleans(value, f"'{key}'")
+    elif isinstance(obj, list):
+        for value in obj:
+            if isinstance(value, bool):
+                raise RequestError(400, f"{where} must hold numbers; found booleans (true/false).")
+            if isinstance(value, (list, dict)):
+                _reject_booleans(value, where)
+
+
 def decode_json(body):
-    """The JSON object of a request body (400 if it is not one)."""
+    """The JSON object of a request body (400 if it is not one, or if its lists hold booleans)."""
     try:
         obj = json.loads(body)
     except RecursionError:
@@ -111,6 +125,8 @@ def decode_json(body):
     if not isinstance(obj, dict):
         raise RequestError(400, f"the JSON body must be an object such as {{\"instances\": [[...]]}}; "
                                 f"got a {type(obj).__name__}.")
+    if b"true" in body or b"false" in body:  # rare: only then walk the lists (a scan of bytes is cheap)
+        _reject_booleans(obj)
     return obj
 
 
@@ -272,7 +288,7 @@ def check_row_norms(X, max_norm, dtype):
     400 numeric overflow: row 1 has Euclidean norm 1e+200, too large
     """
     values = X.data if sp.issparse(X) else X
-    if values.size == 0 or float(np.abs(values).max()) * np.sqrt(X.shape[1]) <= max_norm:
+    if values.size == 0 or float(np.abs(values).max()) * math.sqrt(X.shape[1]) <= max_norm:
         return  # the common case: one pass, no norm needed
     # norms without overflow: each row scaled by its largest magnitude first
     X = (sp.csr_matrix(X, dtype=np.float64) if sp.issparse(X) else np.asarray(X, dtype=np.float64))
@@ -290,8 +306,10 @@ def check_row_norms(X, max_norm, dtype):
                                 f"{max_norm:.3g}); scale the data down.")
 
 
-def int_param(value, name, *, low, high, default=None):
+def int_param(value, name, *, low, high, default=None, text=True):
     """An integer parameter (query string or JSON) in ``[low, high]``, or ``default`` when absent.
+
+    ``text=False`` (a JSON value) refuses strings: ``"k": "3"`` is not an integer.
 
     Examples
     --------
@@ -300,7 +318,7 @@ def int_param(value, name, *, low, high, default=None):
     """
     if value is None:
         return default
-    if isinstance(value, bool) or not isinstance(value, (int, str)):
+    if isinstance(value, bool) or not isinstance(value, (int, str)) or (isinstance(value, str) and not text):
         raise RequestError(400, f"{name} must be an integer; got {type(value).__name__}.")
     try:
         value = int(value)

@@ -124,19 +124,26 @@ def _sparse_example(n_features):
     return {"indices": [cols[1:] or cols, cols[:1]],
             "values": [[12.0, 255.0][:len(cols[1:] or cols)], [7.5]]}
 
-_ROWS_SCHEMA = {
-    "oneOf": [
-        {"title": "Dense rows", "type": "object", "required": ["instances"],
-         "properties": {"instances": {"type": "array", "items": {"type": "array", "items": {"type": "number"}},
-                                      "description": "B rows of D numbers (D = the model's n_features)."}}},
-        {"title": "Sparse rows", "type": "object", "required": ["indices", "values"],
-         "properties": {"indices": {"type": "array", "items": {"type": "array", "items": {"type": "integer"}},
-                                    "description": "Column indices (0 to D-1, no repeats) of the non-zeros of "
-                                                   "each row."},
-                        "values": {"type": "array", "items": {"type": "array", "items": {"type": "number"}},
-                                   "description": "The matching values."}}},
-    ],
-}
+def _rows_schema(n_features):
+    """JSON schema of rows for a model of ``n_features`` features: dense rows of exactly that many numbers, or
+    sparse rows with column indices in ``[0, n_features)``."""
+    numbers = {"type": "array", "items": {"type": "number"}}
+    return {
+        "anyOf": [
+            {"title": "Dense rows", "type": "object", "required": ["instances"],
+             "properties": {"instances": {"type": "array", "minItems": 1, "items": {
+                 **numbers, "minItems": n_features, "maxItems": n_features},
+                 "description": f"B rows of {n_features} numbers (the model's n_features)."}}},
+            {"title": "Sparse rows", "type": "object", "required": ["indices", "values"],
+             "properties": {"indices": {"type": "array", "minItems": 1, "items": {"type": "array", "items": {
+                 "type": "integer", "minimum": 0, "maximum": n_features - 1}},
+                 "description": f"Column indices (0 to {n_features - 1}, no repeats) of the non-zeros of each "
+                                "row."},
+                 "values": {"type": "array", "minItems": 1, "items": numbers,
+                            "description": "The matching values."}}},
+        ],
+    }
+
 
 _BINARY = {"schema": {"type": "string", "format": "binary"}}
 
@@ -144,10 +151,10 @@ _BINARY = {"schema": {"type": "string", "format": "binary"}}
 def rows_request_body(n_features, extra_properties=None, json_extra=None):
     """``openapi_extra`` for a route taking rows of ``n_features`` values as JSON (dense or sparse), raw float32
     or npy; the examples are valid requests for the served model."""
-    schema = _ROWS_SCHEMA
+    schema = _rows_schema(n_features)
     dense, sparse = {"instances": example_rows(n_features)}, _sparse_example(n_features)
     if extra_properties:
-        schema = {"allOf": [_ROWS_SCHEMA, {"type": "object", "properties": extra_properties}]}
+        schema = {"allOf": [schema, {"type": "object", "properties": extra_properties}]}
         dense.update(json_extra or {})
         sparse.update(json_extra or {})
     return {

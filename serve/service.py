@@ -116,9 +116,13 @@ class Service:
 
     def search_answer(self, body, kind, shape, query):
         X, obj = self.rows(body, kind, shape)
-        params = {**query, **{k: v for k, v in (obj or {}).items() if k in ("k", "nprobe")}}
-        k = int_param(params.get("k"), "k", low=1, high=MAX_K, default=1)
-        nprobe = int_param(params.get("nprobe"), "nprobe", low=1, high=int(self.model.n_clusters))
+        body = {k: v for k, v in (obj or {}).items() if k in ("k", "nprobe")}
+        if set(body) & set(query):
+            raise RequestError(400, f"{' and '.join(sorted(set(body) & set(query)))} given both in the query "
+                                    "string and in the body; give each once.")
+        k = int_param(body.get("k", query.get("k")), "k", low=1, high=MAX_K, default=1, text="k" in query)
+        nprobe = int_param(body.get("nprobe", query.get("nprobe")), "nprobe", low=1,
+                           high=int(self.model.n_clusters), text="nprobe" in query)
         distances, indices, labels = _client_errors(self.backend.search, X, k, nprobe)
         fields = [("indices", indices), ("distances", distances)]
         if labels is not None:
