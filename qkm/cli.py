@@ -96,7 +96,7 @@ def _cmd_train(args):
     init = args.init
     if init not in ("k-means++", "random"):
         init = np.load(init, allow_pickle=False)
-    elif args.k >= 1 and (n_distinct := len(distinct_row_indices(X, stop_at=args.k))) < args.k:
+    elif args.k >= 1 and min(X.shape) > 0 and (n_distinct := len(distinct_row_indices(X, stop_at=args.k))) < args.k:
         # the estimators would fit fewer clusters (with a warning); asked on the command line, it is an error
         raise ValueError(f"{args.data} holds {n_distinct} distinct row(s), fewer than the {args.k} clusters "
                          f"asked for: choose -k {n_distinct} or less.")

@@ -144,7 +144,8 @@ def parse_infer_request(body, header_length, n_features, max_rows):
     ([[1.0, 2.0], [3.0, 4.0]], [('label', False), ('distance', False)], '7')
     >>> import numpy as np
     >>> raw = np.array([[1, 2], [3, 4]], "<f4").tobytes()
-    >>> head = b'{"inputs": [{"name": "X", "shape": [2, 2], "datatype": "FP32", "parameters": {"binary_data_size": 16}}]}'
+    >>> head = (b'{"inputs": [{"name": "X", "shape": [2, 2], "datatype": "FP32", '
+    ...         b'"parameters": {"binary_data_size": 16}}]}')
     >>> parse_infer_request(head + raw, str(len(head)), 2, 10)[0].tolist()
     [[1.0, 2.0], [3.0, 4.0]]
     """
