@@ -26,14 +26,14 @@ def free_port():
 class Server:
     """``qkm serve ...`` in a subprocess, its output in a log file."""
 
-    def __init__(self, args, log_path, env=None):
+    def __init__(self, args, log_path, env=None, program=QKM, cwd=None):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
         self.log = open(log_path, "wb")
-        self.proc = subprocess.Popen([*QKM, "serve", *args, "--port", str(self.port)], stdout=self.log,
+        self.proc = subprocess.Popen([*program, "serve", *args, "--port", str(self.port)], stdout=self.log,
                                      stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     env={**os.environ, **(env or {})})
+                                     env={**os.environ, **(env or {})}, cwd=cwd)
 
     def output(self):
         if not self.log.closed:
