@@ -21,8 +21,9 @@ What it does:
 
    The first answer of each scenario is checked against in-process ``predict``. Past
    ``max_in_flight`` (64 by default) the server refuses with 503 + ``Retry-After``; the
-   generator counts those answers apart (and sends its next request at once, as a closed
-   loop does). Every request must get a status: a connection error is a lost request.
+   generator counts those answers apart, and a refused user waits the ``Retry-After``
+   seconds before its next request, as a well-behaved client does (``--no-retry-after``:
+   it retries at once). Every request must get a status: a connection error is a lost request.
 4. Checks the server still answers (``/readyz``), then stops it with SIGTERM (it must exit
    with status 0).
 5. Runs the same load against ``baseline``, a bare ASGI app on the same uvicorn
@@ -179,17 +180,30 @@ def http_request(path, body, content_type, extra_headers=""):
     return head.encode() + body
 
 
+def _header(lower_head, name):
+    i = lower_head.find(b"\r\n" + name + b":")
+    if i < 0:
+        return None
+    i += len(name) + 3
+    return lower_head[i:lower_head.index(b"\r\n", i)].strip()
+
+
 async def read_response(reader):
+    """``(status, body, Retry-After seconds or None)`` of one response."""
     head = await reader.readuntil(b"\r\n\r\n")
     status = int(head[9:12])
     lower = head.lower()
-    i = lower.index(b"content-length:") + 15
-    length = int(lower[i:lower.index(b"\r\n", i)])
-    return status, await reader.readexactly(length)
+    length = int(_header(lower, b"content-length"))
+    retry_after = _header(lower, b"retry-after")
+    return status, await reader.readexactly(length), float(retry_after) if retry_after else None
 
 
-async def closed_loop(port, requests, concurrency, warmup, duration):
-    """Latencies (s), status counts and transport errors over the recorded window, and all answers (warm-up too)."""
+async def closed_loop(port, requests, concurrency, warmup, duration, honour_retry_after=True):
+    """Latencies (s), status counts and transport errors over the recorded window, and all answers (warm-up too).
+
+    A user refused with 503 waits the ``Retry-After`` seconds before its next request, as a well-behaved
+    client does (``honour_retry_after=False``: it retries at once).
+    """
     loop = asyncio.get_running_loop()
     start = loop.time()
     record_from, stop_at = start + warmup, start + warmup + duration
@@ -206,7 +220,7 @@ async def closed_loop(port, requests, concurrency, warmup, duration):
                 t0 = time.perf_counter()
                 writer.write(requests[i % len(requests)])
                 i += concurrency
-                status, _ = await read_response(reader)
+                status, _, retry_after = await read_response(reader)
                 t1 = time.perf_counter()
                 answered[0] += 1
                 answered[1] += status == 200
@@ -218,13 +232,16 @@ async def closed_loop(port, requests, concurrency, warmup, duration):
                 reader = writer = None
                 continue
             if loop.time() >= record_from:
-                latencies.append(t1 - t0)
+                latencies.append((t1 - t0, status))
                 statuses[status] = statuses.get(status, 0) + 1
+            if status == 503 and retry_after and honour_retry_after:
+                await asyncio.sleep(min(retry_after, max(stop_at - loop.time(), 0.0)))
         if writer is not None:
             writer.close()
 
     await asyncio.gather(*(user(j) for j in range(concurrency)))
-    return np.array(latencies), statuses, errors, answered
+    lat = np.array([t for t, _ in latencies])
+    return lat, np.array([status for _, status in latencies]), statuses, errors, answered
 
 
 def check_first_answer(url, scenario, requests_payload, expected):
@@ -257,6 +274,8 @@ def main():
     p.add_argument("--cache-dir", default=str(REPO / "benchmarks" / ".cache"))
     p.add_argument("--no-baseline", dest="baseline", action="store_false",
                    help="skip the bare-ASGI baseline on the same uvicorn (the floor of the HTTP stack)")
+    p.add_argument("--no-retry-after", dest="retry_after", action="store_false",
+                   help="refused (503) users retry at once instead of waiting the Retry-After seconds")
     p.add_argument("--out", default=None, help="write <out>.json and <out>.md")
     args = p.parse_args()
     levels = [int(v) for v in args.concurrency.split(",")]
@@ -325,8 +344,8 @@ def measure(server, proc, port, metrics_url, scenario, rows, reqs, c, args):
     cpu0 = process_tree_cpu_seconds(proc.pid)
     served0 = scrape_2xx(metrics_url) if metrics_url else None
     ru0 = resource.getrusage(resource.RUSAGE_SELF)
-    lat, statuses, errors, (answered, answered_ok) = asyncio.run(closed_loop(port, reqs, c, args.warmup,
-                                                                             args.duration))
+    lat, lat_status, statuses, errors, (answered, answered_ok) = asyncio.run(closed_loop(port, reqs, c, args.warmup,
+                                                                             args.duration, args.retry_after))
     ru1 = resource.getrusage(resource.RUSAGE_SELF)
     cpu1 = process_tree_cpu_seconds(proc.pid)
     n, ok = len(lat), statuses.get(200, 0)
@@ -337,6 +356,7 @@ def measure(server, proc, port, metrics_url, scenario, rows, reqs, c, args):
         "p50_ms": float(np.percentile(lat, 50) * 1e3) if n else None,
         "p99_ms": float(np.percentile(lat, 99) * 1e3) if n else None,
         "max_ms": float(lat.max() * 1e3) if n else None,
+        "p99_ok_ms": float(np.percentile(lat[lat_status == 200], 99) * 1e3) if ok else None,
         "non_200": n - ok, "status_503": statuses.get(503, 0),
         "status_5xx_not_503": sum(v for k, v in statuses.items() if k >= 500 and k != 503),
         "transport_errors": len(errors), "statuses": {str(k): v for k, v in statuses.items()},
@@ -427,19 +447,21 @@ def report(args, cmd, baseline_cmd, model, results, status):
         f"CPU {args.server_cpus or 'any'}. Load generator (this script: asyncio, raw HTTP/1.1 keep-alive, "
         f"pre-encoded requests) pinned to CPU {args.client_cpus or 'any'}: on this {os.cpu_count()}-core "
         f"machine they share the cores with each other and with whatever else runs. Closed loop: `c` "
-        f"connections, each sending its next request when the previous answer arrives; {args.warmup:g} s "
+        f"connections, each sending its next request when the previous answer arrives "
+        f"({'after the Retry-After seconds of a 503' if args.retry_after else 'at once, even after a 503'}); "
+        f"{args.warmup:g} s "
         f"unrecorded, then {args.duration:g} s recorded per level. `baseline` is a bare ASGI app on the same "
         f"uvicorn (reads the body, answers `{{}}`): the floor of the HTTP stack on this machine at the same time. "
         f"Environment: {json.dumps(env)}.",
         "",
-        "| server | scenario | concurrency | requests/s (all answers) | 200/s | rows/s | p50 ms | p99 ms | max ms | "
-        "503 | other errors | lost | server CPU ms/req | generator CPU ms/req |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| server | scenario | concurrency | requests/s (all answers) | 200/s | rows/s | p50 ms | p99 ms | "
+        "p99 of 200s ms | max ms | 503 | other errors | lost | server CPU ms/req | generator CPU ms/req |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         lines.append(f"| {r['server']} | {r['scenario']} | {r['concurrency']} | {r['requests_per_s']:,.0f} | "
                      f"{r['ok_per_s']:,.0f} | {r['rows_per_s']:,.0f} | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} | "
-                     f"{r['max_ms']:.1f} | {r['status_503']} | {r['errors']} | {r['transport_errors']} | "
+                     f"{r['p99_ok_ms'] or float('nan'):.2f} | {r['max_ms']:.1f} | {r['status_503']} | {r['errors']} | {r['transport_errors']} | "
                      f"{r['server_cpu_ms_per_request']:.3f} | {r['client_cpu_ms_per_request']:.3f} |")
     lines += ["", "| goal (qkm serve rows) | measured | met |", "|---|---|---|"]
     lines += [f"| {g} | {m} | {'yes' if ok else '**no**'} |" for g, m, ok in goals]

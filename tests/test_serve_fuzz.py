@@ -49,6 +49,6 @@ with warnings.catch_warnings():
 
 
 @schema.parametrize()
-@settings(max_examples=30, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@settings(max_examples=30, deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck))
 def test_no_5xx_and_answers_conform_to_the_schema(case):
     case.call_and_validate(checks=CHECKS)

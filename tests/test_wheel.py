@@ -14,6 +14,7 @@ It takes minutes (the fresh install compiles its numba kernels on the first requ
 
 import json
 import os
+import shutil
 import signal
 import site
 import subprocess
@@ -36,8 +37,11 @@ REPO = Path(__file__).resolve().parents[1]
 def test_wheel_ships_the_demo_model_and_qkm_serve_answers(tmp_path):
     import httpx
 
-    dist = tmp_path / "dist"
-    build = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(dist), str(REPO)],
+    source, dist = tmp_path / "source", tmp_path / "dist"  # built from a copy: the build leaves no build/ here
+    shutil.copytree(REPO, source, ignore=shutil.ignore_patterns(
+        ".git", ".venv", "build", "dist", "*.egg-info", ".cache", "node_modules", "__pycache__", ".pytest_cache",
+        ".hypothesis", "demo_out", "*.nbi", "*.nbc"))
+    build = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(dist), str(source)],
                            capture_output=True, text=True, timeout=600)
     assert build.returncode == 0, build.stderr
     (wheel,) = dist.glob("qkm-*.whl")
