@@ -20,6 +20,7 @@ returns normally, so ``qkm serve`` exits with status 0.
 """
 
 import contextlib
+import inspect
 import logging
 import os
 import shutil
@@ -34,9 +35,15 @@ from .backend import load_model_file
 from .metrics import MULTIPROC_ENV
 from .settings import ServeSettings
 
-__all__ = ["run", "app_from_env", "NoDelayHTTPProtocol"]
+__all__ = ["run", "app_from_env", "NoDelayHTTPProtocol", "WORKER_HEALTHCHECK_SECONDS"]
 
 log = logging.getLogger("qkm.serve")
+
+#: Seconds a worker may take to answer uvicorn's health ping before it is killed and restarted. uvicorn's
+#: default, 5 s, is shorter than a worker's start on a busy machine: a spawned worker first re-imports
+#: ``qkm.cli`` (numpy, scipy, scikit-learn, numba: over 5 s at load average 6 on 2 cores) before its ping
+#: thread runs, so with 5 s every worker was killed and restarted in a loop and the server never came up.
+WORKER_HEALTHCHECK_SECONDS = 60
 
 
 class NoDelayHTTPProtocol(AutoHTTPProtocol):
@@ -115,6 +122,8 @@ def run(settings, *, host="127.0.0.1", port=8000, workers=1, log_level="info", a
             metrics_dir = os.environ[MULTIPROC_ENV] = tempfile.mkdtemp(prefix="qkm-serve-metrics-")
         target = "qkm.serve.runner:app_from_env"
         options.update(factory=True, workers=workers)
+        if "timeout_worker_healthcheck" in inspect.signature(uvicorn.Config).parameters:  # uvicorn >= 0.30
+            options["timeout_worker_healthcheck"] = WORKER_HEALTHCHECK_SECONDS
     # uvicorn re-raises the stop signal once it has shut down gracefully; these no-op handlers take it, so a
     # requested stop ends with status 0 instead of a KeyboardInterrupt traceback or death by SIGTERM.
     previous = {sig: signal.signal(sig, _stopped) for sig in (signal.SIGINT, signal.SIGTERM)}
