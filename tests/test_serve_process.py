@@ -33,7 +33,8 @@ class Server:
         self.log = open(log_path, "wb")
         self.proc = subprocess.Popen([*program, "serve", *args, "--port", str(self.port)], stdout=self.log,
                                      stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     env={**os.environ, **(env or {})}, cwd=cwd)
+                                     env={**os.environ, **(env or {})}, cwd=cwd,
+                                     start_new_session=True)  # its own process group: close() ends the workers too
 
     def output(self):
         if not self.log.closed:
@@ -62,7 +63,7 @@ class Server:
 
     def close(self):
         if self.proc.poll() is None:
-            self.proc.kill()
+            os.killpg(self.proc.pid, signal.SIGKILL)  # the uvicorn parent and its workers, never orphans
             self.proc.wait()
         self.log.close()
 
