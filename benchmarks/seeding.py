@@ -254,9 +254,12 @@ def write_reports(out, meta, rows, study):
     summary = {ds: summarise([r for r in rows if r["dataset"] == ds], methods) for ds in datasets}
     lines = [f"# Seedings ({'D^2 sample clustering study' if study else 'supplement Table 1/2 protocol'})", "",
              f"Rerun: `{meta['command']}`", "",
-             f"Machine: {meta['machine']}; threads = {meta['threads']}; load average (1 min) at start "
-             f"{meta['load_start']:.2f}, at end {meta.get('load_end', float('nan')):.2f} (per row in the JSON: "
-             f"median {np.median([r['load1'] for r in rows]):.2f}, max {max(r['load1'] for r in rows):.2f}); "
+             *([meta["note"], ""] if meta.get("note") else []),
+             f"Machine: {meta['machine']}; threads = {meta['threads']}; load average (1 min) "
+             + (f"at start {meta['load_start']:.2f}, at end {meta.get('load_end', float('nan')):.2f} "
+                if meta.get("load_start") is not None else "")
+             + f"(before each row, in the JSON: min {min(r['load1'] for r in rows):.2f}, median "
+             f"{np.median([r['load1'] for r in rows]):.2f}, max {max(r['load1'] for r in rows):.2f}); "
              f"qkm {__version__}; Lloyd cap {meta['max_iter']} iterations, tol 1e-4.", "",
              "Costs are sums of squared distances over the whole data; times are wall seconds; mean ± sd over "
              "the seeds. Seeding time excludes the cost-measuring pass of random / k-means|| / sampled.", ""]
@@ -316,6 +319,9 @@ def main():
     p.add_argument("--cache-dir", default=str(ts.CACHE_DIR))
     p.add_argument("--out", default=None, help="write <out>.json, <out>.md and <out>.jsonl (progress)")
     p.add_argument("--resume", action="store_true", help="skip rows already in <out>.jsonl")
+    p.add_argument("--report-only", action="store_true",
+                   help="measure nothing: rebuild <out>.md and <out>.json from the rows in <out>.jsonl")
+    p.add_argument("--note", default="", help="a line for the report (e.g. how the rows were gathered)")
     args = p.parse_args()
     Path(args.cache_dir).mkdir(parents=True, exist_ok=True)
 
@@ -334,7 +340,7 @@ def main():
     seeds_for = dict(item.split("=") for item in args.seeds_for.split(",") if item)
     done, rows = set(), []
     progress = Path(args.out + ".jsonl") if args.out else None
-    if progress and args.resume and progress.exists():
+    if progress and (args.resume or args.report_only) and progress.exists():
         rows = [json.loads(line) for line in progress.read_text().splitlines() if line.strip()]
         done = {(r["dataset"], r["method"], r["seed"]) for r in rows}
     elif progress and progress.exists():
@@ -343,6 +349,13 @@ def main():
             "machine": f"{cpu_name()}, {os.cpu_count()} logical cores",
             "threads": args.threads, "max_iter": args.max_iter, "load_start": os.getloadavg()[0],
             "python": platform.python_version()}
+    if args.note:
+        meta["note"] = args.note
+    if args.report_only:
+        rows = [r for r in rows if r["dataset"] in names]
+        meta["load_start"] = None
+        print(write_reports(args.out, meta, rows, args.groups_study))
+        return
     print(f"load at start {os.getloadavg()}", flush=True)
     with numba_threads(args.threads):
         for name in names:

@@ -4,9 +4,7 @@ import types
 import warnings
 
 import numpy as np
-import scipy.sparse as sp
 from sklearn.utils import check_random_state
-from sklearn.utils.sparsefuncs import mean_variance_axis
 
 from ._base import (OperatorClusterMixin, check_nonnegative_float, check_seeding, check_verbose, initial_centers,
                     resolve_n_clusters, seeding_of, warn_if_clusters_lost)
@@ -16,7 +14,7 @@ from .operator import DenseOperator
 from ._elkan import kmeans_single_elkan
 from ._init import distinct_row_indices
 from ._init import kmeans_plusplus as _kmeans_plusplus
-from ._kernels import column_variances_dense
+from ._reduce import column_variances
 from ._lloyd import kmeans_single_lloyd
 from ._stopping import IterationLog
 from ._threads import effective_n_threads, numba_threads, run_concurrently
@@ -117,15 +115,14 @@ def seed_centers(X, n_clusters, *, init="d2-seeding", d2_samples=None, oversampl
 
 
 def _scaled_tolerance(X, tol):
-    """scikit-learn's rule: ``tol`` times the mean feature variance."""
+    """scikit-learn's rule: ``tol`` times the mean feature variance.
+
+    The variances are summed in the fixed block order of :mod:`qkm._reduce`
+    (no N x D temporary), so a fit over shards gets the same tolerance.
+    """
     if tol == 0:
         return 0.0
-    if sp.issparse(X):
-        variances = mean_variance_axis(X, axis=0)[1]
-    else:  # np.var(X, axis=0) without its two N x D temporaries
-        variances = np.empty(X.shape[1], dtype=np.float64)
-        column_variances_dense(X, variances)
-    return float(np.mean(variances) * tol)
+    return float(np.mean(column_variances(X)) * tol)
 
 
 class KMeans(OperatorClusterMixin):
@@ -283,8 +280,10 @@ default="k-means++"
 
         Parameters
         ----------
-        X : {array-like, sparse matrix} of shape (n_samples, n_features)
+        X : {array-like, sparse matrix} of shape (n_samples, n_features) or qkm.distributed.ShardedData
             Training data; sparse input is used as CSR without densifying.
+            Shards on a Dask cluster give the same result, with ``labels_``
+            as a dask array.
         y : Ignored
         callback : callable, default=None
             Called with each iteration's record (a dict: iteration, wcss, shift, ...).
@@ -294,6 +293,8 @@ default="k-means++"
         self : KMeans
         """
         self._check_params()
+        if hasattr(X, "_qkm_fit"):  # data on shards (qkm.distributed.ShardedData): the same steps, run there
+            return X._qkm_fit(self, callback=callback)
         X = check_data(X)
         self.n_features_in_ = X.shape[1]
         n_clusters = resolve_n_clusters(X, self.n_clusters, isinstance(self.init, str))
@@ -322,6 +323,9 @@ default="k-means++"
             results = run_concurrently(one_run, n_runs, n_threads)
         labels, inertia, centers, n_iter, records = min(results, key=lambda r: r[1])  # first of equals
         warn_if_clusters_lost(labels, n_clusters)
+        return self._set_fitted(labels, inertia, centers, n_iter, n_clusters, records)
+
+    def _set_fitted(self, labels, inertia, centers, n_iter, n_clusters, records):
         self.cluster_centers_ = centers
         self.operator_ = DenseOperator(centers)
         self.labels_ = labels
