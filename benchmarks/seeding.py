@@ -253,7 +253,8 @@ def write_reports(out, meta, rows, study):
     methods = list(dict.fromkeys(r["method"] for r in rows))
     summary = {ds: summarise([r for r in rows if r["dataset"] == ds], methods) for ds in datasets}
     lines = [f"# Seedings ({'D^2 sample clustering study' if study else 'supplement Table 1/2 protocol'})", "",
-             f"Rerun: `{meta['command']}`", "",
+             f"{'Report rebuilt from the JSONL rows by' if meta.get('report_only') else 'Rerun'}: "
+             f"`{meta['command']}`", "",
              *([meta["note"], ""] if meta.get("note") else []),
              f"Machine: {meta['machine']}; threads = {meta['threads']}; load average (1 min) "
              + (f"at start {meta['load_start']:.2f}, at end {meta.get('load_end', float('nan')):.2f} "
@@ -345,7 +346,8 @@ def main():
         done = {(r["dataset"], r["method"], r["seed"]) for r in rows}
     elif progress and progress.exists():
         progress.unlink()
-    meta = {"command": " ".join([".venv/bin/python", "benchmarks/seeding.py"] + sys.argv[1:]),
+    argv = [a for i, a in enumerate(sys.argv[1:]) if a != "--note" and sys.argv[i] != "--note"]  # no note text
+    meta = {"command": " ".join([".venv/bin/python", "benchmarks/seeding.py"] + argv),
             "machine": f"{cpu_name()}, {os.cpu_count()} logical cores",
             "threads": args.threads, "max_iter": args.max_iter, "load_start": os.getloadavg()[0],
             "python": platform.python_version()}
@@ -353,7 +355,7 @@ def main():
         meta["note"] = args.note
     if args.report_only:
         rows = [r for r in rows if r["dataset"] in names]
-        meta["load_start"] = None
+        meta.update(load_start=None, report_only=True)
         print(write_reports(args.out, meta, rows, args.groups_study))
         return
     print(f"load at start {os.getloadavg()}", flush=True)
