@@ -212,6 +212,11 @@ def _fmt(mean_sd, digits=4):
     return f"{mean:.{digits}g} ± {sd:.2g}"
 
 
+def _cell(text):
+    """Text for a Markdown table cell (k-means|| has pipes)."""
+    return text.replace("|", "\\|")
+
+
 def goals(summary):
     """Every goal of the issue, measured: (text, value, met)."""
     res = []
@@ -279,13 +284,13 @@ def write_reports(out, meta, rows, study):
                 continue
             st = s[m]
             c = st["seeding_cost"][0]
-            lines.append(f"| {m} | {_fmt(st['seeding_cost'])} | {c / ref:.3f} | {c / ref_g:.3f} | "
+            lines.append(f"| {_cell(m)} | {_fmt(st['seeding_cost'])} | {c / ref:.3f} | {c / ref_g:.3f} | "
                          f"{_fmt(st['seeding_s'], 3)} | {st['seeding_s'][0] / ref_t:.2f} | {_fmt(st['final_cost'])} | "
                          f"{_fmt(st['lloyd_s'], 3)} | {_fmt(st['lloyd_iter'], 3)} |")
         lines.append("")
     if not study:
         lines += ["## The supplement's figures (40 threads; cost / k-means++ cost, seeding time / k-means++ time)", "",
-                  "| data | k-means++ cost | random | k-means|| | D^2 N=10k | k-means++ s | k-means|| s | D^2 s |",
+                  "| data | k-means++ cost | random | k-means\\|\\| | D^2 N=10k | k-means++ s | k-means\\|\\| s | D^2 s |",
                   "|---|---:|---:|---:|---:|---:|---:|---:|"]
         for name, t in SUPPLEMENT.items():
             pp = t["k-means++"]
@@ -297,7 +302,7 @@ def write_reports(out, meta, rows, study):
                               for name, t in SUPPLEMENT_N.items()), ""]
         lines += ["## Goals of the issue", "", "| goal | measured | met |", "|---|---:|---|"]
         for text, value, met in goals(summary):
-            lines.append(f"| {text} | {value:.3f} | {'yes' if met else '**no**'} |")
+            lines.append(f"| {_cell(text)} | {value:.3f} | {'yes' if met else '**no**'} |")
         lines.append("")
     text = "\n".join(lines)
     ts.write_text_atomic(out + ".md", text)
