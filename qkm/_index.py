@@ -11,6 +11,7 @@ held-out rows.
 
 import math
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import scipy.sparse as sp
@@ -20,6 +21,7 @@ from sklearn.exceptions import ConvergenceWarning
 from . import _config
 from . import _search_kernels as SK
 from ._threads import numba_threads
+from ._validation import check_data
 
 __all__ = ["InvertedLists", "fit_basis", "fit_quantizer", "calibrate_nprobe", "nearest_clusters", "probe_lists"]
 
@@ -32,8 +34,10 @@ TAIL_BLOCKS = 2
 BASIS_SAMPLE = 20000
 #: Lloyd iterations of the index's own quantiser.
 QUANTIZER_ITER = 20
-#: Batches of at least this many queries get their deeper coordinates from BLAS and run in parallel.
+#: Batches of at least this many queries get their deeper coordinates from BLAS (and run in threads).
 BATCH_MIN_ROWS = 8
+#: Queries per work unit of a batch (threads take them in turn; answers do not depend on the split).
+BATCH_CHUNK = 64
 #: One-sided confidence of the recall bound used by ``nprobe="auto"`` (Wilson score, z = 1.2816: 90 %).
 CALIBRATION_Z = 1.2816
 
@@ -41,6 +45,7 @@ _EMPTY_F64 = np.zeros(0, dtype=np.float64)
 _EMPTY_I32 = np.zeros(0, dtype=np.int32)
 _ZERO_PTR = np.zeros(2, dtype=np.int64)
 _NO_GIVEN = np.zeros((1, 1), dtype=np.float64)
+_NO_TAIL = np.zeros((0, 0), dtype=np.float64)
 
 
 def nearest_clusters(operator, X):
@@ -144,6 +149,36 @@ def fit_quantizer(head, n_lists, random_state, n_jobs):
     return np.ascontiguousarray(km.operator_.to_dense(), dtype=np.float32)
 
 
+def coordinate_codec(Z, store):
+    """How the rows' coordinates are stored: ``(codec, encode)``.
+
+    ``codec`` (m, 4) float32 holds per coordinate ``lo``, ``1 / step``,
+    ``step^2`` and the slack: a stored value ``c`` says the coordinate ``z``
+    satisfies ``|(z - lo) / step - c| <= slack``. ``"float32"``: the
+    coordinates themselves (lo 0, step 1, slack 0); ``"int8"``: 255 steps over
+    each coordinate's range on the indexed rows (slack 1/2 plus rounding).
+    """
+    m = Z.shape[1]
+    codec = np.zeros((m, 4), dtype=np.float32)
+    if store == "float32":
+        codec[:, 1:3] = 1.0
+        return codec, lambda A: np.asarray(A, dtype=np.float32)
+    low, high = (Z.min(axis=0), Z.max(axis=0)) if Z.shape[0] else (np.zeros(m), np.zeros(m))
+    lo = ((low + high) / 2).astype(np.float32)
+    span = (high - low) / 254.0
+    inv = np.where(span > 0, 1.0 / np.where(span > 0, span, 1.0), 1.0).astype(np.float32)
+    codec[:, 0], codec[:, 1] = lo, inv
+    codec[:, 2] = 1.0 / (inv.astype(np.float64) ** 2)
+    codec[:, 3] = 0.5 + 2.0 ** -10
+
+    def encode(A):
+        w = A.shape[1]  # the centroids have the head coordinates only
+        units = (np.asarray(A, dtype=np.float64) - lo[:w]) * inv[:w].astype(np.float64)
+        return np.clip(np.rint(units), -127, 127).astype(np.int8)
+
+    return codec, encode
+
+
 class InvertedLists:
     """The indexed rows list by list, with their coordinates, as the search kernels read them.
 
@@ -158,9 +193,11 @@ class InvertedLists:
     centers : ndarray of shape (n_lists, h) float32, or None
         The lists' centroids in the head space (the index's own lists), or
         None when the lists are ranked by given distances (the model's clusters).
+    store : {"float32", "int8"}
+        How the coordinates (and the centroids) are stored: see :func:`coordinate_codec`.
     """
 
-    def __init__(self, X, lists, n_lists, mean, basis, centers=None):
+    def __init__(self, X, lists, n_lists, mean, basis, centers=None, store="float32"):
         n, D = X.shape
         m = basis.shape[1]
         h = min(HEAD_DIMS, m)
@@ -183,24 +220,27 @@ class InvertedLists:
         ny = centred_sq_norms(rows, mean)
         cum = np.cumsum(Z * Z, axis=1) if m else np.zeros((n, 1))
         resid = np.sqrt(np.maximum(ny[:, None] - (cum[:, np.array(levels) - 1] if m else 0.0), 0.0))
-        head_t = np.empty(n * h, dtype=np.float32)
+        codec, encode = coordinate_codec(Z, store)
+        S = encode(Z)
+        head_t = np.empty(n * h, dtype=S.dtype)
         for c in range(n_lists):
             lo, hi = offsets[c], offsets[c + 1]
-            head_t[h * lo:h * hi] = Z[lo:hi, :h].T.ravel()
+            head_t[h * lo:h * hi] = S[lo:hi, :h].T.ravel()
         self.rows, self.row_ids, self.sizes, self.offsets = rows, order, sizes, offsets
-        self.mean, self.basis = mean, basis
+        self.mean, self.basis, self.store = mean, basis, store
         self.centers = centers
         self.nmax = float(ny.max()) if n else 0.0
-        centers_t = np.zeros((h, 0), dtype=np.float32) if centers is None else np.ascontiguousarray(centers.T)
-        tail = np.ascontiguousarray(Z[:, h:], dtype=np.float32)
+        centers_t = np.zeros((h, 0), dtype=S.dtype) if centers is None else np.ascontiguousarray(encode(centers).T)
+        tail = np.ascontiguousarray(S[:, h:])
         if self.sparse:
             dense, data, indices, indptr = np.zeros((1, 1), dtype=rows.dtype), rows.data, rows.indices, rows.indptr
         else:
             dense, data, indices, indptr = rows, np.zeros(0, dtype=rows.dtype), _EMPTY_I32, _ZERO_PTR
-        self.ix = (mean, basis, centers_t, sizes, offsets, head_t, tail, resid.astype(np.float32), dense, data,
-                   indices, indptr.astype(np.int64), order)
-        top = np.cumsum(np.sort(sizes)[::-1])
-        self._top_sizes = top
+        shift = np.asarray(basis, dtype=np.float64).T @ mean
+        self.ix = (mean, basis, shift, codec, centers_t, sizes, offsets, head_t, tail, resid.astype(np.float32), dense,
+                   data, indices, indptr.astype(np.int64), order)
+        self._top_sizes = np.cumsum(np.sort(sizes)[::-1])
+        self._caps = {}
         self._largest = int(sizes.max()) if n_lists else 0
 
     @property
@@ -211,15 +251,31 @@ class InvertedLists:
         """Bytes held: ``{"rows": ..., "coordinates": ..., "other": ...}``."""
         rows = self.rows.data.nbytes + self.rows.indices.nbytes + self.rows.indptr.nbytes if self.sparse \
             else self.rows.nbytes
-        coords = self.ix[5].nbytes + self.ix[6].nbytes + self.ix[7].nbytes
-        other = sum(a.nbytes for a in (self.mean, self.basis, self.ix[2], self.sizes, self.offsets, self.row_ids))
+        coords = self.ix[7].nbytes + self.ix[8].nbytes + self.ix[9].nbytes
+        other = sum(a.nbytes for a in (self.mean, self.basis, self.ix[3], self.ix[4], self.sizes, self.offsets,
+                                       self.row_ids))
         return {"rows": int(rows), "coordinates": int(coords), "other": int(other)}
 
     def _capacity(self, nprobe, k):
         """Most rows the probed lists can hold (the kernels' buffer size)."""
-        n = self.row_ids.shape[0]
-        p = min(nprobe, self.n_lists)
-        return int(min(n, max(self._top_sizes[p - 1] if p else 0, k + self._largest)))
+        cap = self._caps.get((nprobe, k))
+        if cap is None:
+            n = self.row_ids.shape[0]
+            p = min(nprobe, self.n_lists)
+            cap = self._caps[nprobe, k] = int(min(n, max(self._top_sizes[p - 1] if p else 0, k + self._largest)))
+        return cap
+
+    def search_row(self, x, k, nprobe):
+        """``search`` of one dense C-contiguous float row (1, D) in the index's own lists: the leanest call."""
+        out_d = np.empty((1, k))
+        out_i = np.empty((1, k), dtype=np.int64)
+        SK.search(x if x.dtype == np.float64 else x.astype(np.float64), _EMPTY_F64, _EMPTY_I32, _ZERO_PTR, False,
+                  _NO_GIVEN, True, nprobe, self.ix, self.head_dims, self.block, self.nmax, self._capacity(nprobe, k),
+                  _NO_TAIL, out_d, out_i)
+        if out_d[0, 0] != out_d[0, 0]:  # NaN: the row is not finite
+            check_data(x)
+            raise ValueError("X holds values too large to square in float64.")
+        return out_d, out_i
 
     def _queries(self, X):
         """``(Q, qdata, qind, qptr)`` as the kernels take them (float64: one compiled kernel per rows dtype)."""
@@ -244,17 +300,32 @@ class InvertedLists:
         if n_q == 0:
             return out_d, out_i
         Q, qdata, qind, qptr = self._queries(X)
-        if given is None:
-            given = _NO_GIVEN
+        given = _NO_GIVEN if given is None else np.ascontiguousarray(given, dtype=np.float64)
         cap = self._capacity(nprobe, k)
-        args = (Q, qdata, qind, qptr, self.sparse, given, self.own, int(nprobe), self.ix, self.head_dims, self.block,
-                self.nmax, cap)
+        common = (self.sparse, given, self.own, int(nprobe), self.ix, self.head_dims, self.block, self.nmax, cap)
         if n_q < BATCH_MIN_ROWS:
-            SK.search(*args, out_d, out_i)
-            return out_d, out_i
-        tail = coordinates(X if self.sparse else Q, self.mean, self.basis, self.head_dims)
-        with numba_threads(n_threads):
-            SK.search_batch(*args, tail, out_d, out_i)
+            SK.search(Q, qdata, qind, qptr, *common, _NO_TAIL, out_d, out_i)
+        else:
+            tail = coordinates(X if self.sparse else Q, self.mean, self.basis, self.head_dims)
+
+            def run(start, stop):
+                if self.sparse:
+                    lo, hi = qptr[start], qptr[stop]
+                    q = (Q, qdata[lo:hi], qind[lo:hi], qptr[start:stop + 1] - lo)
+                else:
+                    q = (Q[start:stop], qdata, qind, qptr)
+                g = given[start:stop] if given.shape[0] == n_q else given
+                SK.search(*q, self.sparse, g, *common[2:], tail[start:stop], out_d[start:stop], out_i[start:stop])
+
+            chunks = [(s, min(s + BATCH_CHUNK, n_q)) for s in range(0, n_q, BATCH_CHUNK)]
+            if n_threads > 1 and len(chunks) > 1:
+                with ThreadPoolExecutor(max_workers=n_threads) as pool:
+                    list(pool.map(lambda c: run(*c), chunks))
+            else:
+                run(0, n_q)
+        if np.isnan(out_d[:, 0]).any():  # rows that were not validated (the one-row fast path) and not finite
+            check_data(X)
+            raise ValueError("X holds values too large to square in float64.")
         return out_d, out_i
 
     def list_distances(self, X, n_threads=1):
@@ -262,7 +333,7 @@ class InvertedLists:
         Q, qdata, qind, qptr = self._queries(X)
         out = np.empty((X.shape[0], self.n_lists))
         with numba_threads(n_threads):
-            SK.probe_distances(Q, qdata, qind, qptr, self.sparse, self.mean, self.basis, self.ix[2], out)
+            SK.probe_distances(Q, qdata, qind, qptr, self.sparse, self.ix, out)
         return out
 
 

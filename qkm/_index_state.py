@@ -51,6 +51,7 @@ def export_state(index):
         "target_recall": float(index.target_recall),
         "calibration": dict(index.calibration_),
         "head_dims": int(lists.head_dims),
+        "store": lists.store,
         "n_samples": int(index.n_samples_fit_),
         "n_features": int(index.n_features_in_),
         "n_clusters": int(index.operator_.n_clusters),
@@ -161,8 +162,8 @@ def import_state(cls, operator, arrays, metadata):
     version = metadata.get("state_version", 1) if isinstance(metadata, dict) else None
     K, D = check_export_header("ClusterIndex", operator, metadata, version if version in (1, STATE_VERSION)
                                else STATE_VERSION)
-    store = _rows(arrays, metadata, D)
-    n = store.shape[0]
+    stored = _rows(arrays, metadata, D)
+    n = stored.shape[0]
     if metadata.get("n_samples", n) != n:
         _fail(f"n_samples={metadata.get('n_samples')!r} but {n} rows are stored.")
     own = version == STATE_VERSION and metadata.get("partition") == "own"
@@ -176,7 +177,7 @@ def import_state(cls, operator, arrays, metadata):
     if np.any(row_ids < 0) or np.any(row_ids >= n) or np.any(np.bincount(row_ids, minlength=n) != 1):
         _fail(f"'row_ids' must be a permutation of 0..{n - 1}.")
     y = _labels(arrays, metadata, n)
-    X = store[np.argsort(row_ids)]  # rows back in their original order
+    X = stored[np.argsort(row_ids)]  # rows back in their original order
     lists = np.empty(n, dtype=np.int64)
     lists[row_ids] = np.repeat(np.arange(L), np.diff(offsets))
     if version == 1:
@@ -203,7 +204,10 @@ def import_state(cls, operator, arrays, metadata):
         target = metadata.get("target_recall", 0.99)
         if not isinstance(calibration, dict) or not isinstance(target, numbers.Real) or not 0 < target <= 1:
             _fail("'calibration' must be a dict and 'target_recall' a float in (0, 1].")
-        obj = cls(None, nprobe=nprobe, partition="auto" if own else "model", target_recall=float(target))
+        store = metadata.get("store", "float32")
+        if store not in ("float32", "int8"):
+            _fail(f"store={store!r}; expected 'float32' or 'int8'.")
+        obj = cls(None, nprobe=nprobe, partition="auto" if own else "model", target_recall=float(target), store=store)
     obj._set_fitted(operator, X, lists, L, mean, basis, centers, nearest_clusters(operator, X), y)
     obj.nprobe_, obj.calibration_ = chosen, dict(calibration)
     return obj

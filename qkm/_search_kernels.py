@@ -2,18 +2,21 @@
 
 Layout of a fitted index (built by :mod:`qkm._index`; ``n`` rows stored list
 by list, list ``c`` is rows ``offsets[c]:offsets[c + 1]``), passed as the
-tuple ``ix = (mean, basis, centers_t, sizes, offsets, head_t, tail, resid,
-rows, data, indices, indptr, row_ids)``:
+tuple ``ix = (mean, basis, shift, codec, centers_t, sizes, offsets, head_t,
+tail, resid, rows, data, indices, indptr, row_ids)``:
 
-``basis`` (D, m) float32, ``mean`` (D,) float64
+``basis`` (D, m) float32, ``mean`` (D,) float64, ``shift = basis.T mean``
     Orthonormal columns (principal axes of the data): a row ``x`` has the
     coordinates ``z = basis.T (x - mean)``, the first ``h`` are its *head*.
-``centers_t`` (h, L) float32
+``codec`` (m, 4) float32
+    How coordinates are stored (float32 or int8): per coordinate ``lo``,
+    ``1 / step``, ``step^2`` and the slack, in steps, of a stored value.
+``centers_t`` (h, L), stored like the coordinates
     The index's own lists: centroids of the heads, transposed.
-``head_t`` (n * h,) float32
+``head_t`` (n * h,)
     Head coordinates list by list, each list transposed (``h`` runs of its
     rows), so one query's distances to a whole list vectorise.
-``tail`` (n, m - h) float32
+``tail`` (n, m - h)
     Coordinates ``h..m``, refined ``block`` at a time, read only for candidates.
 ``resid`` (n, n_levels) float32
     ``||x - mean||`` beyond each level ``h, h + block, ..., m``.
@@ -26,19 +29,25 @@ gets the lower bound ``||z_q - z_y||^2 + (r_q - r_y)^2`` over the head; it is
 refined block by block (more coordinates, smaller residuals) only while it
 stays below the current ``k``-th best, and the survivors get the exact
 squared distance in float64 (abandoned once a partial sum exceeds the
-``k``-th best). Bounds are float32 and compared with a margin covering their
-rounding, so the answer is exactly the ``k`` nearest rows of the probed lists
-by (distance, index), whatever the order of evaluation or the pruning.
+``k``-th best). Bounds are float32, widened by the storage slack and compared
+with a margin covering their rounding, so the answer is exactly the ``k``
+nearest rows of the probed lists by (distance, index), whatever the order of
+evaluation or the pruning.
 
-What decides the answer - the head coordinates, the list distances and the
-exact distances - is computed by IEEE-exact code (no fastmath) that every
-path shares; only the bounds, which merely prune, may be computed otherwise
-(BLAS for a batch's deeper coordinates). So one query and a batch, and any
-thread count, give bit-identical answers.
+Every query, alone or in a batch, goes through the one compiled
+:func:`search` (a batch is split into fixed chunks of queries, run by threads
+as the kernel releases the GIL), so one query, a batch and any thread count
+give bit-identical answers. The head coordinates and list distances are
+IEEE-exact code (no fastmath), shared with :func:`probe_distances`; the
+exact distances and the deeper bounds may be vectorised (``_JIT_DOT``); the
+deeper coordinates of a batch come from BLAS and only tighten bounds.
 """
 
 import numpy as np
-from numba import njit, prange
+from llvmlite import ir
+from numba import njit, prange, types
+from numba.core import cgutils
+from numba.extending import intrinsic
 
 from ._kernels import _JIT, _JIT_DOT
 
@@ -46,48 +55,82 @@ from ._kernels import _JIT, _JIT_DOT
 #: exceeds ``kth + MARGIN * (kth + ||q - mean||^2 + max ||y - mean||^2)``.
 MARGIN = 2.0 ** -12
 
-#: Queries per work unit of the parallel batch kernel.
+#: Queries per work unit of :func:`probe_distances`.
 QUERY_CHUNK = 16
+
+#: Candidates looked ahead when prefetching the rows' deeper coordinates.
+PREFETCH_AHEAD = 8
+
+#: Rows whose exact distance waits (prefetched) while later candidates are bounded.
+EXACT_QUEUE = 4
+
+#: Lanes of the exact float64 distance (a runtime trip count: the loop vectorises without reassociation).
+LANES = 16
+
+
+@intrinsic
+def _prefetch(typingctx, arr, i, j):
+    """Hint the CPU to fetch ``arr[i, j]``'s cache line (``llvm.prefetch``; no effect on results)."""
+    def codegen(context, builder, signature, args):
+        aryty = signature.args[0]
+        ary = context.make_array(aryty)(context, builder, args[0])
+        ptr = cgutils.get_item_pointer(context, builder, aryty, ary, [args[1], args[2]], wraparound=False)
+        i8p, i32 = ir.IntType(8).as_pointer(), ir.IntType(32)
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32]),
+                                            "llvm.prefetch.p0i8")
+        builder.call(fn, [builder.bitcast(ptr, i8p), ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])
+        return context.get_dummy_value()
+
+    return types.void(arr, i, j), codegen
 
 
 # --------------------------------------------------------------------------- #
 # Projection and probe (IEEE-exact: they decide the probed lists)
 # --------------------------------------------------------------------------- #
 @njit(**_JIT)
-def _project(q, mean, basis, j1, z, xq):  # IN q (D,), mean, basis (D, m); OUT z[:j1], xq (D,) float64
-    """``z[:j1] = basis[:, :j1].T (q - mean)`` in float64, rows four at a time; returns ``||q - mean||^2``."""
+def _project(q, mean, basis, shift, j1, z, xq, nz):  # IN q (D,), mean, basis (D, m), shift (m,); OUT z, xq, nz
+    """``z[:j1] = basis[:, :j1].T q - shift[:j1]`` in float64 over the nonzero entries of ``q``, four at a time.
+
+    ``shift = basis.T mean``. Also copies ``q`` to ``xq`` (float64) and
+    returns ``||q - mean||^2`` (NaN or infinite when ``q`` is not finite).
+    """
     D = basis.shape[0]
+    nq = 0.0
+    cnt = 0
+    for i in range(D):
+        v = np.float64(q[i])
+        xq[i] = v
+        a = v - mean[i]
+        nq += a * a
+        if v != 0.0:
+            nz[cnt] = i
+            cnt += 1
     zz = z[:j1]
     for j in range(j1):
-        zz[j] = 0.0
-    nq = 0.0
-    i = 0
-    while i < D:
-        a0 = np.float64(q[i]) - mean[i]
-        xq[i] = q[i]
-        nq += a0 * a0
-        if i + 4 <= D:
-            a1 = np.float64(q[i + 1]) - mean[i + 1]
-            a2 = np.float64(q[i + 2]) - mean[i + 2]
-            a3 = np.float64(q[i + 3]) - mean[i + 3]
-            xq[i + 1] = q[i + 1]
-            xq[i + 2] = q[i + 2]
-            xq[i + 3] = q[i + 3]
-            nq += a1 * a1
-            nq += a2 * a2
-            nq += a3 * a3
-            b0 = basis[i, :j1]
-            b1 = basis[i + 1, :j1]
-            b2 = basis[i + 2, :j1]
-            b3 = basis[i + 3, :j1]
-            for j in range(j1):
-                zz[j] += (a0 * b0[j] + a1 * b1[j]) + (a2 * b2[j] + a3 * b3[j])
-            i += 4
-        else:
-            b0 = basis[i, :j1]
-            for j in range(j1):
-                zz[j] += a0 * b0[j]
-            i += 1
+        zz[j] = -shift[j]
+    t = 0
+    while t + 4 <= cnt:
+        i0 = nz[t]
+        i1 = nz[t + 1]
+        i2 = nz[t + 2]
+        i3 = nz[t + 3]
+        a0 = xq[i0]
+        a1 = xq[i1]
+        a2 = xq[i2]
+        a3 = xq[i3]
+        b0 = basis[i0, :j1]
+        b1 = basis[i1, :j1]
+        b2 = basis[i2, :j1]
+        b3 = basis[i3, :j1]
+        for j in range(j1):
+            zz[j] += (a0 * b0[j] + a1 * b1[j]) + (a2 * b2[j] + a3 * b3[j])
+        t += 4
+    while t < cnt:
+        a0 = xq[nz[t]]
+        b0 = basis[nz[t], :j1]
+        for j in range(j1):
+            zz[j] += a0 * b0[j]
+        t += 1
     return nq
 
 
@@ -108,17 +151,25 @@ def _project_csr(data, indices, lo, hi, basis, j1, z):  # IN a CSR row, basis; O
 
 
 @njit(**_JIT)
-def _center_distances(z, centers_t, pd32, pd):  # IN z (>= h,), centers_t (h, L); OUT pd32, pd (L,)
-    """Squared distances of the head ``z[:h]`` to the list centroids, float32 (stored in ``pd`` as float64)."""
+def _codes(z, codec, j1, u):  # IN z (>= j1,) float64, codec (m, 4); OUT u[:j1] float32
+    """The query's coordinates in the stored units: ``u = (z - lo) / step`` (float32)."""
+    for j in range(j1):
+        u[j] = np.float32((z[j] - codec[j, 0]) * codec[j, 1])
+
+
+@njit(**_JIT)
+def _center_distances(u, codec, centers_t, pd32, pd):  # IN u (>= h,), centers_t (h, L); OUT pd32, pd (L,)
+    """Squared distances of the head ``u[:h]`` to the list centroids (float32, stored in ``pd`` as float64)."""
     h, L = centers_t.shape
     for c in range(L):
         pd32[c] = 0.0
     for j in range(h):
-        zj = np.float32(z[j])
+        uj = u[j]
+        wj = codec[j, 2]
         col = centers_t[j]
         for c in range(L):
-            t = zj - col[c]
-            pd32[c] += t * t
+            t = uj - np.float32(col[c])
+            pd32[c] += wj * (t * t)
     for c in range(L):
         pd[c] = pd32[c]
 
@@ -182,29 +233,33 @@ def list_ranks(pd, sizes, target, out):  # IN pd (n, L), sizes (L,), target (n,)
 
 
 @njit(parallel=True, **_JIT)
-def probe_distances(Q, qdata, qind, qptr, sparse, mean, basis, centers_t, out):  # OUT out (n_q, L) float64
+def probe_distances(Q, qdata, qind, qptr, sparse, ix, out):  # OUT out (n_q, L) float64
     """The kernels' own list distances of every query (for calibration and diagnostics)."""
+    mean, basis, shift, codec, centers_t = ix[:5]
     h, L = centers_t.shape
     D = basis.shape[0]
     n_q = out.shape[0]
     for ch in prange((n_q + QUERY_CHUNK - 1) // QUERY_CHUNK):
         z = np.empty(h)
+        u = np.empty(h, dtype=np.float32)
         xq = np.empty(D)
+        nz = np.empty(D, dtype=np.int64)
         pd32 = np.empty(L, dtype=np.float32)
         for i in range(ch * QUERY_CHUNK, min((ch + 1) * QUERY_CHUNK, n_q)):
             if sparse:
                 _project_csr(qdata, qind, qptr[i], qptr[i + 1], basis, h, z)
             else:
-                _project(Q[i], mean, basis, h, z, xq)
-            _center_distances(z, centers_t, pd32, out[i])
+                _project(Q[i], mean, basis, shift, h, z, xq, nz)
+            _codes(z, codec, h, u)
+            _center_distances(u, codec, centers_t, pd32, out[i])
 
 
 # --------------------------------------------------------------------------- #
 # Bounds (float32; they only prune) and exact distances (IEEE float64)
 # --------------------------------------------------------------------------- #
 @njit(**_JIT)
-def _levels(z, nq, h, block, n_levels, z32, rq):  # IN z (m,), nq; OUT z32 (m,), rq (n_levels,)
-    """float32 coordinates and the query's residual norm beyond each level."""
+def _levels(z, nq, h, block, n_levels, codec, u, rq):  # IN z (m,), nq; OUT u (m,) float32, rq (n_levels,)
+    """The query in the stored units, and its residual norm beyond each level."""
     m = z.shape[0]
     acc = 0.0
     for j in range(h):
@@ -214,13 +269,16 @@ def _levels(z, nq, h, block, n_levels, z32, rq):  # IN z (m,), nq; OUT z32 (m,),
         for j in range(h + (b - 1) * block, min(h + b * block, m)):
             acc += z[j] * z[j]
         rq[b] = np.sqrt(max(nq - acc, 0.0))
-    for j in range(m):
-        z32[j] = np.float32(z[j])
+    _codes(z, codec, m, u)
 
 
 @njit(**_JIT)
-def _scan_heads(z32, rq0, probe, n_probe, offsets, head_t, h, resid, s_buf, lb_buf, pos_buf):
-    """Head bounds of every row of the probed lists, in probe order; returns how many."""
+def _scan_heads(u, rq0, probe, n_probe, offsets, head_t, h, codec, resid, s_buf, lb_buf, pos_buf):
+    """Head bounds of every row of the probed lists, in probe order; returns how many.
+
+    Per coordinate ``step^2 max(|u - y| - slack, 0)^2``: the stored ``y`` is
+    within ``slack`` steps of the row's coordinate (0 for float32, 1/2 for int8).
+    """
     cnt = 0
     r0 = np.float32(rq0)
     for t in range(n_probe):
@@ -232,11 +290,13 @@ def _scan_heads(z32, rq0, probe, n_probe, offsets, head_t, h, resid, s_buf, lb_b
             acc[r] = 0.0
         base = h * lo
         for j in range(h):
-            zj = z32[j]
+            uj = u[j]
+            wj = codec[j, 2]
+            slack = codec[j, 3]
             col = head_t[base + j * n_c:base + (j + 1) * n_c]
             for r in range(n_c):
-                d = zj - col[r]
-                acc[r] += d * d
+                d = max(abs(uj - np.float32(col[r])) - slack, np.float32(0.0))
+                acc[r] += wj * (d * d)
         res = resid[lo:lo + n_c, 0]
         lbs = lb_buf[cnt:cnt + n_c]
         pos = pos_buf[cnt:cnt + n_c]
@@ -249,46 +309,49 @@ def _scan_heads(z32, rq0, probe, n_probe, offsets, head_t, h, resid, s_buf, lb_b
 
 
 @njit(**_JIT_DOT)
-def _tail_block(z32, j0, row, t0, t1):
-    """``sum_t (z32[j0 + t - t0] - row[t])^2`` over ``t0 <= t < t1`` (float32, any order: a bound)."""
-    zz = z32[j0:j0 + t1 - t0]
+def _tail_block(u, j0, row, t0, t1, codec):
+    """The bound over the stored coordinates ``t0 <= t < t1`` of ``row``, query ``u[j0 + t - t0]`` (any order)."""
+    uu = u[j0:j0 + t1 - t0]
     rr = row[t0:t1]
+    cc = codec[j0:j0 + t1 - t0]
     s = np.float32(0.0)
     for t in range(t1 - t0):
-        d = zz[t] - rr[t]
-        s += d * d
+        d = max(abs(uu[t] - np.float32(rr[t])) - cc[t, 3], np.float32(0.0))
+        s += cc[t, 2] * (d * d)
     return s
 
 
 @njit(**_JIT)
-def _exact_dense(xq, row, limit):
-    """``||xq - row||^2`` in float64 (four fixed lanes), or -1 once a partial sum exceeds ``limit``."""
+def _exact_dense(xq, row, acc, limit):
+    """``||xq - row||^2`` in float64, or -1 once the sum over the first half exceeds ``limit``.
+
+    IEEE-exact, in a fixed order that vectorises: ``acc`` (``LANES``) holds
+    the sums over the columns ``j = t mod LANES``, added up in turn at the end.
+    """
     D = xq.shape[0]
-    a0 = 0.0
-    a1 = 0.0
-    a2 = 0.0
-    a3 = 0.0
-    j = 0
-    check = 256
-    while j + 4 <= D:
-        d0 = xq[j] - row[j]
-        d1 = xq[j + 1] - row[j + 1]
-        d2 = xq[j + 2] - row[j + 2]
-        d3 = xq[j + 3] - row[j + 3]
-        a0 += d0 * d0
-        a1 += d1 * d1
-        a2 += d2 * d2
-        a3 += d3 * d3
-        j += 4
-        if j >= check:
-            check += 256
-            if (a0 + a1) + (a2 + a3) > limit:
+    lanes = acc.shape[0]
+    nb = D // lanes
+    for t in range(lanes):
+        acc[t] = 0.0
+    for b in range(nb):
+        if b == nb // 2:
+            s = 0.0
+            for t in range(lanes):
+                s += acc[t]
+            if s > limit:
                 return -1.0
-    while j < D:
-        d0 = xq[j] - row[j]
-        a0 += d0 * d0
-        j += 1
-    return (a0 + a1) + (a2 + a3)
+        x = xq[b * lanes:(b + 1) * lanes]
+        y = row[b * lanes:(b + 1) * lanes]
+        for t in range(lanes):
+            d = x[t] - y[t]
+            acc[t] += d * d
+    s = 0.0
+    for t in range(lanes):
+        s += acc[t]
+    for j in range(nb * lanes, D):
+        d = xq[j] - row[j]
+        s += d * d
+    return s
 
 
 @njit(**_JIT)
@@ -349,14 +412,15 @@ def _search_query(z, nq, xq, qdata, qind, qlo, qhi, sparse, pd, nprobe, ix, h, b
     ``qdata[qlo:qhi]`` / ``qind`` (CSR index); ``pd`` (L,): its distances
     to the lists. OUT ``out_d`` (k,) Euclidean distances, ``out_i`` (k,) row ids.
     """
-    mean, basis, centers_t, sizes, offsets, head_t, tail, resid, rows, data, indices, indptr, row_ids = ix
-    z32, rq, probe, s_buf, lb_buf, pos_buf, first = buf
+    codec = ix[3]
+    sizes, offsets, head_t, tail, resid, rows, data, indices, indptr, row_ids = ix[5:]
+    u, rq, probe, s_buf, lb_buf, pos_buf, first, qpos, qlb, acc = buf
     k = out_d.shape[0]
     n_levels = resid.shape[1]
     m_tail = tail.shape[1]
-    _levels(z, nq, h, block, n_levels, z32, rq)
+    _levels(z, nq, h, block, n_levels, codec, u, rq)
     n_probe = _select_lists(pd, sizes, nprobe, k, probe)
-    cnt = _scan_heads(z32, rq[0], probe, n_probe, offsets, head_t, h, resid, s_buf, lb_buf, pos_buf)
+    cnt = _scan_heads(u, rq[0], probe, n_probe, offsets, head_t, h, codec, resid, s_buf, lb_buf, pos_buf)
     for t in range(k):
         out_d[t] = np.inf
         out_i[t] = row_ids.shape[0]
@@ -373,17 +437,33 @@ def _search_query(z, nq, xq, qdata, qind, qlo, qhi, sparse, pd, nprobe, ix, h, b
         first[t] = i
         if n_first < k:
             n_first += 1
-    for step in range(n_first + cnt):
-        if step < n_first:
-            i = first[step]
-        else:
-            i = step - n_first
-        v = lb_buf[i]
-        if v < 0.0:  # done already
-            continue
+    line = 64 // rows.itemsize
+    queued = 0
+    for step in range(n_first + cnt + EXACT_QUEUE):
         kth = out_d[k - 1]
         thr = kth + MARGIN * (kth + nq + nmax)
-        if v > thr:
+        if step >= n_first + cnt or queued == EXACT_QUEUE:  # exact distance of the oldest queued row
+            if queued > 0:
+                p = qpos[0]
+                if qlb[0] <= thr:
+                    d = _exact_dense(xq, rows[p], acc, kth)
+                    if d >= 0.0:
+                        _insert(d, row_ids[p], out_d, out_i)
+                queued -= 1
+                for t in range(queued):
+                    qpos[t] = qpos[t + 1]
+                    qlb[t] = qlb[t + 1]
+                kth = out_d[k - 1]
+                thr = kth + MARGIN * (kth + nq + nmax)
+            if step >= n_first + cnt:
+                continue
+        i = first[step] if step < n_first else step - n_first
+        ahead = step - n_first + PREFETCH_AHEAD
+        if m_tail > 0 and 0 <= ahead < cnt and 0.0 <= lb_buf[ahead] <= thr:
+            for t in range(0, min(block, m_tail), 64 // tail.itemsize):  # a coming candidate's first block
+                _prefetch(tail, pos_buf[ahead], t)
+        v = lb_buf[i]
+        if v < 0.0 or v > thr:  # done already, or out of reach
             continue
         lb_buf[i] = -1.0
         p = pos_buf[i]
@@ -392,7 +472,7 @@ def _search_query(z, nq, xq, qdata, qind, qlo, qhi, sparse, pd, nprobe, ix, h, b
         for b in range(1, n_levels):
             t0 = (b - 1) * block
             t1 = min(b * block, m_tail)
-            s += _tail_block(z32, h + t0, tail[p], t0, t1)
+            s += _tail_block(u, h + t0, tail[p], t0, t1, codec)
             e = np.float32(rq[b]) - resid[p, b]
             if s + e * e > thr:
                 pruned = True
@@ -400,38 +480,59 @@ def _search_query(z, nq, xq, qdata, qind, qlo, qhi, sparse, pd, nprobe, ix, h, b
         if pruned:
             continue
         if sparse:
-            d = _exact_csr(qdata, qind, qlo, qhi, data, indices, indptr[p], indptr[p + 1])
+            _insert(_exact_csr(qdata, qind, qlo, qhi, data, indices, indptr[p], indptr[p + 1]), row_ids[p],
+                    out_d, out_i)
+        elif step < n_first:
+            d = _exact_dense(xq, rows[p], acc, kth)
+            if d >= 0.0:
+                _insert(d, row_ids[p], out_d, out_i)
         else:
-            d = _exact_dense(xq, rows[p], kth)
-            if d < 0.0:
-                continue
-        _insert(d, row_ids[p], out_d, out_i)
+            for t in range(0, rows.shape[1], line):
+                _prefetch(rows, p, t)
+            qpos[queued] = p
+            qlb[queued] = s
+            queued += 1
     for t in range(k):
         out_d[t] = np.sqrt(out_d[t])
 
 
 @njit(**_JIT)
-def _buffers(cap, L, m, n_levels, k):
-    return (np.empty(m, dtype=np.float32), np.empty(n_levels), np.empty(L, dtype=np.int64),
-            np.empty(cap, dtype=np.float32), np.empty(cap, dtype=np.float32), np.empty(cap, dtype=np.int64),
-            np.empty(k, dtype=np.int64))
+def _workspace(cap, ix, k):
+    """Per-thread buffers: (z, xq, nz, pd32, pd), and the search buffers of :func:`_search_query`."""
+    D, m = ix[1].shape
+    L = ix[5].shape[0]
+    search_buf = (np.empty(m, dtype=np.float32), np.empty(ix[9].shape[1]), np.empty(L, dtype=np.int64),
+                  np.empty(cap, dtype=np.float32), np.empty(cap, dtype=np.float32), np.empty(cap, dtype=np.int64),
+                  np.empty(k, dtype=np.int64), np.empty(EXACT_QUEUE, dtype=np.int64),
+                  np.empty(EXACT_QUEUE, dtype=np.float32), np.empty(LANES))
+    return (np.empty(m), np.empty(D), np.empty(D, dtype=np.int64), np.empty(L, dtype=np.float32),
+            np.empty(L)), search_buf
 
 
 @njit(**_JIT)
-def _one(i, Q, qdata, qind, qptr, sparse, given, own, nprobe, ix, h, block, nmax, ztail, z, xq, pd32, pd, buf,
-         out_d, out_i):
-    """Query ``i``: project (head only when ``ztail`` has its deeper coordinates), probe, search."""
-    basis = ix[1]
+def _one(i, Q, qdata, qind, qptr, sparse, given, own, nprobe, ix, h, block, nmax, ztail, work, buf, out_d, out_i):
+    """Query ``i``: project (the head only when ``ztail`` holds its deeper coordinates), rank the lists, search.
+
+    A query that is not finite gets NaN distances and -1 indices.
+    """
+    mean, basis, shift, codec, centers_t = ix[:5]
+    z, xq, nz, pd32, pd = work
+    u = buf[0]
     m = basis.shape[1]
     j1 = h if ztail.shape[0] > 0 else m
     if sparse:
         nq = _project_csr(qdata, qind, qptr[i], qptr[i + 1], basis, j1, z)
     else:
-        nq = _project(Q[i], ix[0], basis, j1, z, xq)
+        nq = _project(Q[i], mean, basis, shift, j1, z, xq, nz)
+    if not np.isfinite(nq):
+        out_d[i, :] = np.nan
+        out_i[i, :] = -1
+        return
     if j1 < m:
         z[h:] = ztail[i]
     if own:
-        _center_distances(z, ix[2], pd32, pd)
+        _codes(z, codec, h, u)
+        _center_distances(u, codec, centers_t, pd32, pd)
     else:
         pd[:] = given[i]
     _search_query(z, nq, xq, qdata, qind, qptr[i], qptr[i + 1], sparse, pd, nprobe, ix, h, block, nmax, buf,
@@ -439,44 +540,18 @@ def _one(i, Q, qdata, qind, qptr, sparse, given, own, nprobe, ix, h, block, nmax
 
 
 @njit(**_JIT)
-def search(Q, qdata, qind, qptr, sparse, given, own, nprobe, ix, h, block, nmax, cap, out_d, out_i):
-    """Every query in turn in the calling thread, all of it compiled (the one-query path).
+def search(Q, qdata, qind, qptr, sparse, given, own, nprobe, ix, h, block, nmax, cap, ztail, out_d, out_i):
+    """Every query in turn, in the calling thread (which it releases: batches run in threads).
 
-    Queries: dense ``Q`` (n_q, D), or CSR ``qdata`` / ``qind`` / ``qptr``
-    when ``sparse`` (rows with sorted indices). Lists are ranked by the
+    Queries: dense ``Q`` (n_q, D) float64, or CSR ``qdata`` / ``qind`` /
+    ``qptr`` when ``sparse`` (sorted indices). Lists are ranked by the
     index's centroids (``own``) or by the rows of ``given`` (n_q, L).
-    ``cap``: most rows the probed lists can hold. OUT ``out_d``, ``out_i``
-    (n_q, k): Euclidean distances and row ids, sorted by (distance, id).
+    ``cap``: most rows the probed lists can hold. ``ztail`` (n_q, m - h):
+    the queries' coordinates beyond the head when computed outside (BLAS),
+    or empty. OUT ``out_d``, ``out_i`` (n_q, k): Euclidean distances and row
+    ids, sorted by (distance, id).
     """
-    L = ix[3].shape[0]
-    m = ix[1].shape[1]
-    buf = _buffers(cap, L, m, ix[7].shape[1], out_d.shape[1])
-    z = np.empty(m)
-    xq = np.empty(ix[1].shape[0])
-    pd32 = np.empty(L, dtype=np.float32)
-    pd = np.empty(L)
-    no_tail = np.empty((0, 0))
+    work, buf = _workspace(cap, ix, out_d.shape[1])
     for i in range(out_d.shape[0]):
-        _one(i, Q, qdata, qind, qptr, sparse, given, own, nprobe, ix, h, block, nmax, no_tail, z, xq, pd32, pd,
-             buf, out_d, out_i)
-
-
-@njit(parallel=True, **_JIT)
-def search_batch(Q, qdata, qind, qptr, sparse, given, own, nprobe, ix, h, block, nmax, cap, ztail, out_d, out_i):
-    """:func:`search` for a batch, in parallel over fixed chunks of queries (same answers).
-
-    ``ztail`` (n_q, m - h): the queries' coordinates beyond the head,
-    computed outside (BLAS); they only tighten bounds.
-    """
-    L = ix[3].shape[0]
-    m = ix[1].shape[1]
-    n_q = out_d.shape[0]
-    for ch in prange((n_q + QUERY_CHUNK - 1) // QUERY_CHUNK):
-        buf = _buffers(cap, L, m, ix[7].shape[1], out_d.shape[1])
-        z = np.empty(m)
-        xq = np.empty(ix[1].shape[0])
-        pd32 = np.empty(L, dtype=np.float32)
-        pd = np.empty(L)
-        for i in range(ch * QUERY_CHUNK, min((ch + 1) * QUERY_CHUNK, n_q)):
-            _one(i, Q, qdata, qind, qptr, sparse, given, own, nprobe, ix, h, block, nmax, ztail, z, xq, pd32, pd,
-                 buf, out_d, out_i)
+        _one(i, Q, qdata, qind, qptr, sparse, given, own, nprobe, ix, h, block, nmax, ztail, work, buf,
+             out_d, out_i)

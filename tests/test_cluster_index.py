@@ -58,13 +58,18 @@ def _restricted_knn(Xq, X, list_of_row, probe, k):
     return np.array(dist), np.array(idx)
 
 
-@pytest.mark.parametrize("partition", ["auto", "model"])
-@pytest.mark.parametrize("fit_container", list(CONTAINERS))
-@pytest.mark.parametrize("query_container", ["dense", "csr_matrix"])
-@pytest.mark.parametrize("which", ["narrow", "wide"])
-def test_all_lists_is_exact_brute_force(data, wide, qk, km_wide, partition, fit_container, query_container, which):
+@pytest.mark.parametrize("partition, store, fit_container, query_container, which", [
+    ("auto", "float32", "dense", "dense", "wide"), ("auto", "float32", "dense", "csr_matrix", "wide"),
+    ("auto", "float32", "csr_matrix", "dense", "wide"), ("auto", "float32", "csr_matrix", "csr_matrix", "wide"),
+    ("auto", "float32", "csr_array", "dense", "narrow"), ("auto", "float32", "dense", "dense", "narrow"),
+    ("model", "float32", "dense", "dense", "wide"), ("model", "float32", "csr_matrix", "csr_matrix", "wide"),
+    ("model", "float32", "dense", "csr_matrix", "narrow"), ("auto", "int8", "dense", "dense", "wide"),
+    ("auto", "int8", "csr_matrix", "dense", "wide"), ("auto", "int8", "dense", "csr_matrix", "narrow"),
+])
+def test_all_lists_is_exact_brute_force(data, wide, qk, km_wide, partition, store, fit_container, query_container,
+                                        which):
     X, Xq, model = (data[0], data[2], qk) if which == "narrow" else (wide[0], wide[1], km_wide)
-    index = ClusterIndex(model, nprobe=1, partition=partition, n_lists=12, random_state=0)
+    index = ClusterIndex(model, nprobe=1, partition=partition, n_lists=12, store=store, random_state=0)
     index.fit(CONTAINERS[fit_container](X))
     for k in (1, 5):
         dist, ind = index.query(CONTAINERS[query_container](Xq), k=k, nprobe=index.n_lists_)
@@ -76,7 +81,7 @@ def test_all_lists_is_exact_brute_force(data, wide, qk, km_wide, partition, fit_
 
 def test_float32_rows_are_searched_exactly(wide, km_wide):
     X32 = wide[0].astype(np.float32)
-    index = _own(km_wide).fit(X32)
+    index = _own(km_wide, store="int8").fit(X32)
     assert index.describe()["rows_dtype"] == "float32"
     for Xq in (wide[1], wide[1].astype(np.float32)):  # queries keep their precision
         dist, ind = index.query(Xq, k=3, nprobe=index.n_lists_)
@@ -85,10 +90,10 @@ def test_float32_rows_are_searched_exactly(wide, km_wide):
         np.testing.assert_allclose(dist, ref_dist, rtol=1e-10, atol=1e-10)
 
 
-@pytest.mark.parametrize("container", ["dense", "csr_matrix"])
-def test_one_query_and_batch_paths_agree(wide, km_wide, container):
+@pytest.mark.parametrize("container, store", [("dense", "float32"), ("csr_matrix", "float32"), ("dense", "int8")])
+def test_one_query_and_batch_paths_agree(wide, km_wide, container, store):
     X, Xq = wide
-    index = _own(km_wide).fit(CONTAINERS[container](X))
+    index = _own(km_wide, store=store).fit(CONTAINERS[container](X))
     Q = CONTAINERS[container](Xq)
     for nprobe in (1, 3, 9):
         for k in (1, 4):
@@ -98,10 +103,10 @@ def test_one_query_and_batch_paths_agree(wide, km_wide, container):
             np.testing.assert_array_equal(np.vstack([o[1] for o in one]), batch[1])
 
 
-@pytest.mark.parametrize("partition", ["auto", "model"])
-def test_query_searches_exactly_the_probed_lists(wide, km_wide, partition):
-    X, Xq = wide
-    index = ClusterIndex(km_wide, nprobe=3, partition=partition, n_lists=12, random_state=0).fit(X)
+@pytest.mark.parametrize("partition, store", [("auto", "float32"), ("model", "float32"), ("auto", "int8")])
+def test_query_searches_exactly_the_probed_lists(wide, km_wide, partition, store):
+    X, Xq = wide  # int8 coordinates: the bounds are coarser, the answers exact all the same
+    index = ClusterIndex(km_wide, nprobe=3, partition=partition, n_lists=12, store=store, random_state=0).fit(X)
     if partition == "model":  # the lists are the model's clusters, ranked by the true centroid distances
         labels, _ = naive.assign(X, km_wide.cluster_centers_)
         np.testing.assert_array_equal(index.list_of_row_, labels)
@@ -219,6 +224,7 @@ def test_bad_inputs_raise_clear_errors(data, qk):
             index.query(Xq, nprobe=nprobe)
     for params, match in (({"nprobe": 17}, "nprobe must be an integer in"), ({"nprobe": "all"}, "nprobe must be"),
                           ({"partition": "x"}, "partition must be"), ({"n_lists": 0}, "n_lists must be"),
+                          ({"store": "float16"}, "store must be"),
                           ({"target_recall": 1.5}, "target_recall must be")):
         with pytest.raises(ValueError, match=match):
             ClusterIndex(qk, **{"n_lists": 16, **params}).fit(X)
@@ -253,14 +259,14 @@ def test_identical_for_one_and_two_threads(wide, km_wide, partition):
         np.testing.assert_array_equal(a, b)
 
 
-@pytest.mark.parametrize("partition", ["auto", "model"])
+@pytest.mark.parametrize("partition, store", [("auto", "float32"), ("model", "float32"), ("auto", "int8")])
 @pytest.mark.parametrize("container", ["dense", "csr_matrix"])
 @pytest.mark.parametrize("labels", ["int", "str", "none"])
-def test_export_state_round_trip(wide, km_wide, tmp_path, partition, container, labels):
+def test_export_state_round_trip(wide, km_wide, tmp_path, partition, store, container, labels):
     X, Xq = wide
     y = np.arange(X.shape[0]) % 3
     y_fit = {"int": y, "str": np.array(["u", "v", "w"])[y], "none": None}[labels]
-    index = ClusterIndex(km_wide, nprobe=2, partition=partition, n_lists=12, random_state=0)
+    index = ClusterIndex(km_wide, nprobe=2, partition=partition, n_lists=12, store=store, random_state=0)
     index.fit(CONTAINERS[container](X), y_fit)
     arrays, metadata = index._export_state()
     assert all(a.dtype.kind in "biuf" for a in arrays.values())
@@ -312,6 +318,7 @@ def test_state_version_1_loads_as_the_model_partition(data, qk, tmp_path):
     (lambda a, m: m.update(nprobe_chosen=17), "nprobe_chosen"),
     (lambda a, m: m.update(n_lists=0), "n_lists"),
     (lambda a, m: m.update(partition="x"), "partition"),
+    (lambda a, m: m.update(store="float16"), "store"),
     (lambda a, m: m.update(n_samples=3), "n_samples"),
     (lambda a, m: m.update(state_version=3), "version"),
 ])
