@@ -9,7 +9,8 @@ Protocol:
 * Fashion-MNIST: the 60,000 training images are indexed, the 10,000 test images
   are the queries (pixels / 255, float32). 20 Newsgroups: ``TfidfVectorizer()``
   over bydate train + test (``train_sparse.py``'s matrix and cache, float64
-  CSR); the 11,314 train documents are indexed, the 7,532 test documents query.
+  CSR); the 11,314 train documents are indexed, the first ``--sparse-queries``
+  (2,000) of the 7,532 test documents query.
 * Truth: exact k = 10 nearest rows in float64 (ties to the lowest index),
   cached in ``benchmarks/.cache/``. recall@1: the first answer is the true
   nearest row; recall@10: share of the true 10 nearest among the 10 answers.
@@ -118,7 +119,9 @@ def qkm_methods(model, X, args, rows):
     index, t = timed(lambda: qkm.ClusterIndex(model, random_state=0, n_jobs=args.threads).fit(X))
     info = index.describe()
     auto = index.nprobe_
-    sweep = sorted({max(1, auto // 2), max(1, auto - 4), auto, auto + 4, 2 * auto, 4 * auto} & set(range(1, index.n_lists_ + 1)))
+    sweep = {max(1, auto // 2), max(1, auto - 4), auto, auto + 4, 2 * auto, 4 * auto} if not info["sparse"] else \
+        {max(1, auto // 4), max(1, auto // 2), auto}
+    sweep = sorted(sweep & set(range(1, index.n_lists_ + 1)))
     settings = [(f"nprobe {p}" + (" (auto: default)" if p == auto else ""), lambda Q, k, p=p: index.query(Q, k, p)[1])
                 for p in sweep]
     rows.append(dict(method="qkm ClusterIndex", build_s=t, bytes=sum(info["bytes"].values()), info=info))
@@ -393,11 +396,12 @@ def run_dataset(name, args, cache_dir):
         model_desc = "qkm.QKMeans(64, sparsity_level=3, random_state=0)"
     else:
         X, Q = load_20news(args.data_dir, cache_dir)
+        Q = Q[:args.sparse_queries]
         dense = False
         model, t_model = timed(lambda: qkm.KMeans(20, random_state=0, n_jobs=args.threads).fit(X))
         model_desc = "qkm.KMeans(20, random_state=0)"
     print(f"{name}: indexed {X.shape}, queries {Q.shape}; model {model_desc} fit in {t_model:.1f} s", flush=True)
-    truth, t_truth = timed(lambda: exact_truth(X, Q, 10, cache_dir / f"ann_truth_{name}.npy"))
+    truth = exact_truth(X, Q, 10, cache_dir / f"ann_truth_{name}_{Q.shape[0]}.npy")
     builds = []
     methods, index = qkm_methods(model, X, args, builds)
     methods += faiss_methods(model, X, args, builds, dense) + hnswlib_methods(X, args, builds, dense)
@@ -465,6 +469,7 @@ def main():
     p.add_argument("--rounds", type=int, default=3, help="interleaved throughput rounds (median)")
     p.add_argument("--single", type=int, default=1000, help="queries timed one per call")
     p.add_argument("--serve-duration", type=float, default=10.0, help="recorded seconds per level (0: no service)")
+    p.add_argument("--sparse-queries", type=int, default=2000, help="20 Newsgroups: the first test documents queried")
     p.add_argument("--data-dir", default=str(REPO.parent / "shared" / "data"))
     p.add_argument("--cache-dir", default=str(REPO / "benchmarks" / ".cache"))
     p.add_argument("--out", default=None, help="write <out>.json and <out>.md")

@@ -20,6 +20,7 @@ from sklearn.exceptions import ConvergenceWarning
 
 from . import _config
 from . import _search_kernels as SK
+from . import _search_probe as SP
 from ._threads import numba_threads
 from ._validation import check_data
 
@@ -94,18 +95,21 @@ def probe_lists(sq, sizes, nprobe, k):
 def fit_basis(X, n_coords, rng):
     """Mean (D,) float64 and orthonormal principal axes (D, m) float32 of a row sample of ``X``.
 
-    Dense rows: :class:`sklearn.decomposition.PCA`; CSR rows:
-    :class:`~sklearn.decomposition.TruncatedSVD` (no centring, mean 0).
-    ``m = min(n_coords, D)``, fewer if the sample is smaller.
+    Dense rows: :class:`sklearn.decomposition.PCA`, ``m = min(n_coords, D)``
+    (fewer if the sample is smaller). CSR rows: the head only
+    (``m = min(HEAD_DIMS, D - 1)``), from
+    :class:`~sklearn.decomposition.TruncatedSVD` (no centring, mean 0): on
+    sparse text-like data the deeper axes bound little and a dense basis of
+    ``D x m`` would cost more than the rows.
     """
     n, D = X.shape
     sample = X[np.sort(rng.choice(n, size=min(n, BASIS_SAMPLE), replace=False))]
     seed = int(rng.randint(np.iinfo(np.int32).max))
     if sp.issparse(X):
-        m = max(1, min(n_coords, D - 1, sample.shape[0] - 1))
-        if m < 1 or D < 2 or sample.shape[0] < 2:
-            return np.zeros(D), np.zeros((D, 0), dtype=np.float32)
-        svd = TruncatedSVD(n_components=m, algorithm="randomized", random_state=seed).fit(sample)
+        m = min(n_coords, HEAD_DIMS, D - 1, sample.shape[0] - 1)
+        if m < 1:  # too small to fit axes: the first coordinate axes (orthonormal all the same)
+            return np.zeros(D), np.ascontiguousarray(np.eye(D, min(D, HEAD_DIMS), dtype=np.float32))
+        svd = TruncatedSVD(n_components=m, algorithm="randomized", n_iter=3, random_state=seed).fit(sample)
         components, mean = svd.components_, np.zeros(D)
     else:
         m = min(n_coords, D, sample.shape[0])
@@ -333,7 +337,7 @@ class InvertedLists:
         Q, qdata, qind, qptr = self._queries(X)
         out = np.empty((X.shape[0], self.n_lists))
         with numba_threads(n_threads):
-            SK.probe_distances(Q, qdata, qind, qptr, self.sparse, self.ix, out)
+            SP.probe_distances(Q, qdata, qind, qptr, self.sparse, self.ix, out)
         return out
 
 
@@ -359,7 +363,7 @@ def calibrate_nprobe(lists, X_held, held_ids, given, target, n_threads):
     list_of[lists.row_ids] = np.repeat(np.arange(L), lists.sizes)
     pd = lists.list_distances(X_held, n_threads) if given is None else given
     ranks = np.empty(n_held, dtype=np.int64)
-    SK.list_ranks(np.ascontiguousarray(pd), lists.sizes, list_of[nn], ranks)
+    SP.list_ranks(np.ascontiguousarray(pd), lists.sizes, list_of[nn], ranks)
     hits = np.cumsum(np.bincount(ranks, minlength=L))  # hits[p - 1]: held-out rows found with nprobe = p
     z2 = CALIBRATION_Z ** 2
     for p in range(1, L + 1):

@@ -38,25 +38,24 @@ Every query, alone or in a batch, goes through the one compiled
 :func:`search` (a batch is split into fixed chunks of queries, run by threads
 as the kernel releases the GIL), so one query, a batch and any thread count
 give bit-identical answers. The head coordinates and list distances are
-IEEE-exact code (no fastmath), shared with :func:`probe_distances`; the
-exact distances and the deeper bounds may be vectorised (``_JIT_DOT``); the
-deeper coordinates of a batch come from BLAS and only tighten bounds.
+IEEE-exact code (no fastmath) shared with :mod:`qkm._search_probe`; the exact
+distances add in a fixed order over ``LANES`` lanes (vectorised without
+reassociation); only the deeper bounds may be reassociated (``_JIT_DOT``), and
+a batch's deeper coordinates come from BLAS: they only tighten bounds.
 """
 
 import numpy as np
 from llvmlite import ir
-from numba import njit, prange, types
+from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
 from ._kernels import _JIT, _JIT_DOT
+from ._search_probe import _before, _center_distances, _codes, _project, _project_csr, _select_lists
 
 #: Relative margin of the float32 bounds: a row is pruned only when its bound
 #: exceeds ``kth + MARGIN * (kth + ||q - mean||^2 + max ||y - mean||^2)``.
 MARGIN = 2.0 ** -12
-
-#: Queries per work unit of :func:`probe_distances`.
-QUERY_CHUNK = 16
 
 #: Candidates looked ahead when prefetching the rows' deeper coordinates.
 PREFETCH_AHEAD = 8
@@ -82,176 +81,6 @@ def _prefetch(typingctx, arr, i, j):
         return context.get_dummy_value()
 
     return types.void(arr, i, j), codegen
-
-
-# --------------------------------------------------------------------------- #
-# Projection and probe (IEEE-exact: they decide the probed lists)
-# --------------------------------------------------------------------------- #
-@njit(**_JIT)
-def _project(q, mean, basis, shift, j1, z, xq, nz):  # IN q (D,), mean, basis (D, m), shift (m,); OUT z, xq, nz
-    """``z[:j1] = basis[:, :j1].T q - shift[:j1]`` in float64 over the nonzero entries of ``q``, four at a time.
-
-    ``shift = basis.T mean``. Also copies ``q`` to ``xq`` (float64) and
-    returns ``||q - mean||^2`` (NaN or infinite when ``q`` is not finite).
-    """
-    D = basis.shape[0]
-    nq = 0.0
-    cnt = 0
-    for i in range(D):
-        v = np.float64(q[i])
-        xq[i] = v
-        a = v - mean[i]
-        nq += a * a
-        if v != 0.0:
-            nz[cnt] = i
-            cnt += 1
-    zz = z[:j1]
-    for j in range(j1):
-        zz[j] = -shift[j]
-    t = 0
-    while t + 4 <= cnt:
-        i0 = nz[t]
-        i1 = nz[t + 1]
-        i2 = nz[t + 2]
-        i3 = nz[t + 3]
-        a0 = xq[i0]
-        a1 = xq[i1]
-        a2 = xq[i2]
-        a3 = xq[i3]
-        b0 = basis[i0, :j1]
-        b1 = basis[i1, :j1]
-        b2 = basis[i2, :j1]
-        b3 = basis[i3, :j1]
-        for j in range(j1):
-            zz[j] += (a0 * b0[j] + a1 * b1[j]) + (a2 * b2[j] + a3 * b3[j])
-        t += 4
-    while t < cnt:
-        a0 = xq[nz[t]]
-        b0 = basis[nz[t], :j1]
-        for j in range(j1):
-            zz[j] += a0 * b0[j]
-        t += 1
-    return nq
-
-
-@njit(**_JIT)
-def _project_csr(data, indices, lo, hi, basis, j1, z):  # IN a CSR row, basis; OUT z[:j1]
-    """``z[:j1] = basis[:, :j1].T q`` for a CSR row (the mean of a sparse index is 0); returns ``||q||^2``."""
-    zz = z[:j1]
-    for j in range(j1):
-        zz[j] = 0.0
-    nq = 0.0
-    for t in range(lo, hi):
-        a = np.float64(data[t])
-        nq += a * a
-        b = basis[indices[t], :j1]
-        for j in range(j1):
-            zz[j] += a * b[j]
-    return nq
-
-
-@njit(**_JIT)
-def _codes(z, codec, j1, u):  # IN z (>= j1,) float64, codec (m, 4); OUT u[:j1] float32
-    """The query's coordinates in the stored units: ``u = (z - lo) / step`` (float32)."""
-    for j in range(j1):
-        u[j] = np.float32((z[j] - codec[j, 0]) * codec[j, 1])
-
-
-@njit(**_JIT)
-def _center_distances(u, codec, centers_t, pd32, pd):  # IN u (>= h,), centers_t (h, L); OUT pd32, pd (L,)
-    """Squared distances of the head ``u[:h]`` to the list centroids (float32, stored in ``pd`` as float64)."""
-    h, L = centers_t.shape
-    for c in range(L):
-        pd32[c] = 0.0
-    for j in range(h):
-        uj = u[j]
-        wj = codec[j, 2]
-        col = centers_t[j]
-        for c in range(L):
-            t = uj - np.float32(col[c])
-            pd32[c] += wj * (t * t)
-    for c in range(L):
-        pd[c] = pd32[c]
-
-
-@njit(inline="always", **_JIT)
-def _before(d1, c1, d2, c2):
-    return d1 < d2 or (d1 == d2 and c1 < c2)
-
-
-@njit(**_JIT)
-def _select_lists(pd, sizes, nprobe, k, probe):  # IN pd (L,), sizes (L,); OUT probe (L,) int64
-    """The ``nprobe`` nearest non-empty lists (ties: lowest index), widened until they hold ``k`` rows.
-
-    Returns how many lists were written to ``probe``, nearest first.
-    """
-    L = pd.shape[0]
-    p = 0
-    for c in range(L):
-        if sizes[c] == 0:
-            continue
-        d = pd[c]
-        if p == nprobe and not _before(d, c, pd[probe[p - 1]], probe[p - 1]):
-            continue
-        t = p if p < nprobe else nprobe - 1
-        while t > 0 and _before(d, c, pd[probe[t - 1]], probe[t - 1]):
-            probe[t] = probe[t - 1]
-            t -= 1
-        probe[t] = c
-        if p < nprobe:
-            p += 1
-    total = 0
-    for t in range(p):
-        total += sizes[probe[t]]
-    if total >= k:
-        return p
-    order = np.argsort(pd, kind="mergesort")  # stable: ties to the lowest index
-    p = 0
-    total = 0
-    for c in order:
-        if sizes[c] == 0:
-            continue
-        probe[p] = c
-        p += 1
-        total += sizes[c]
-        if p >= nprobe and total >= k:
-            break
-    return p
-
-
-@njit(**_JIT)
-def list_ranks(pd, sizes, target, out):  # IN pd (n, L), sizes (L,), target (n,); OUT out (n,) int64
-    """Position of list ``target[i]`` in query ``i``'s probe order (non-empty lists, ties to the lowest index)."""
-    for i in range(pd.shape[0]):
-        c0 = target[i]
-        d0 = pd[i, c0]
-        r = 0
-        for c in range(pd.shape[1]):
-            if sizes[c] > 0 and _before(pd[i, c], c, d0, c0):
-                r += 1
-        out[i] = r
-
-
-@njit(parallel=True, **_JIT)
-def probe_distances(Q, qdata, qind, qptr, sparse, ix, out):  # OUT out (n_q, L) float64
-    """The kernels' own list distances of every query (for calibration and diagnostics)."""
-    mean, basis, shift, codec, centers_t = ix[:5]
-    h, L = centers_t.shape
-    D = basis.shape[0]
-    n_q = out.shape[0]
-    for ch in prange((n_q + QUERY_CHUNK - 1) // QUERY_CHUNK):
-        z = np.empty(h)
-        u = np.empty(h, dtype=np.float32)
-        xq = np.empty(D)
-        nz = np.empty(D, dtype=np.int64)
-        pd32 = np.empty(L, dtype=np.float32)
-        for i in range(ch * QUERY_CHUNK, min((ch + 1) * QUERY_CHUNK, n_q)):
-            if sparse:
-                _project_csr(qdata, qind, qptr[i], qptr[i + 1], basis, h, z)
-            else:
-                _project(Q[i], mean, basis, shift, h, z, xq, nz)
-            _codes(z, codec, h, u)
-            _center_distances(u, codec, centers_t, pd32, out[i])
 
 
 # --------------------------------------------------------------------------- #
@@ -437,6 +266,9 @@ def _search_query(z, nq, xq, qdata, qind, qlo, qhi, sparse, pd, nprobe, ix, h, b
         first[t] = i
         if n_first < k:
             n_first += 1
+    if sparse:  # xq is all zeros between sparse queries
+        for t in range(qlo, qhi):
+            xq[qind[t]] = qdata[t]
     line = 64 // rows.itemsize
     queued = 0
     for step in range(n_first + cnt + EXACT_QUEUE):
@@ -479,9 +311,16 @@ def _search_query(z, nq, xq, qdata, qind, qlo, qhi, sparse, pd, nprobe, ix, h, b
                 break
         if pruned:
             continue
-        if sparse:
-            _insert(_exact_csr(qdata, qind, qlo, qhi, data, indices, indptr[p], indptr[p + 1]), row_ids[p],
-                    out_d, out_i)
+        if sparse:  # a cheap expansion against the scattered query rules out most rows, then the exact merge
+            dot = 0.0
+            ny = 0.0
+            for t in range(indptr[p], indptr[p + 1]):
+                v = np.float64(data[t])
+                ny += v * v
+                dot += v * xq[indices[t]]
+            if nq + ny - 2.0 * dot <= thr:
+                _insert(_exact_csr(qdata, qind, qlo, qhi, data, indices, indptr[p], indptr[p + 1]), row_ids[p],
+                        out_d, out_i)
         elif step < n_first:
             d = _exact_dense(xq, rows[p], acc, kth)
             if d >= 0.0:
@@ -492,21 +331,27 @@ def _search_query(z, nq, xq, qdata, qind, qlo, qhi, sparse, pd, nprobe, ix, h, b
             qpos[queued] = p
             qlb[queued] = s
             queued += 1
+    if sparse:
+        for t in range(qlo, qhi):
+            xq[qind[t]] = 0.0
     for t in range(k):
         out_d[t] = np.sqrt(out_d[t])
 
 
 @njit(**_JIT)
-def _workspace(cap, ix, k):
-    """Per-thread buffers: (z, xq, nz, pd32, pd), and the search buffers of :func:`_search_query`."""
+def _workspace(cap, ix, k, sparse):
+    """Per-thread buffers: (z, xq, nz, pd32, pd), and the search buffers of :func:`_search_query`.
+
+    ``xq`` holds a dense query (dense index) or the scattered sparse query (CSR index: zeros in between).
+    """
     D, m = ix[1].shape
     L = ix[5].shape[0]
     search_buf = (np.empty(m, dtype=np.float32), np.empty(ix[9].shape[1]), np.empty(L, dtype=np.int64),
                   np.empty(cap, dtype=np.float32), np.empty(cap, dtype=np.float32), np.empty(cap, dtype=np.int64),
                   np.empty(k, dtype=np.int64), np.empty(EXACT_QUEUE, dtype=np.int64),
                   np.empty(EXACT_QUEUE, dtype=np.float32), np.empty(LANES))
-    return (np.empty(m), np.empty(D), np.empty(D, dtype=np.int64), np.empty(L, dtype=np.float32),
-            np.empty(L)), search_buf
+    return (np.empty(m), np.zeros(D) if sparse else np.empty(D), np.empty(D, dtype=np.int64),
+            np.empty(L, dtype=np.float32), np.empty(L)), search_buf
 
 
 @njit(**_JIT)
@@ -551,7 +396,7 @@ def search(Q, qdata, qind, qptr, sparse, given, own, nprobe, ix, h, block, nmax,
     or empty. OUT ``out_d``, ``out_i`` (n_q, k): Euclidean distances and row
     ids, sorted by (distance, id).
     """
-    work, buf = _workspace(cap, ix, out_d.shape[1])
+    work, buf = _workspace(cap, ix, out_d.shape[1], sparse)
     for i in range(out_d.shape[0]):
         _one(i, Q, qdata, qind, qptr, sparse, given, own, nprobe, ix, h, block, nmax, ztail, work, buf,
              out_d, out_i)
