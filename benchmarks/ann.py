@@ -25,6 +25,7 @@ Protocol:
   (defaults, ``query(k >= 10, epsilon=...)``, the first k answers kept) and exact search (faiss ``IndexFlatL2``,
   float32; scipy sparse products on 20 Newsgroups) are swept over their
   search parameter. Peers that do not import are skipped with a message.
+* Every numba kernel is compiled before the timings (a build on 3,000 rows).
 * Everything runs with 1 thread (``--threads``). Throughput: the queries in
   batches of 1,000, every setting timed once per round, settings shuffled
   per round, ``--rounds`` rounds, median. One-query latency: the first
@@ -65,7 +66,10 @@ def exact_truth(X, Q, k, cache):
 
     if cache.exists():
         return np.load(cache)
-    x_sq = np.asarray(X.multiply(X).sum(axis=1)).ravel() if sp.issparse(X) else np.einsum("ij,ij->i", X, X, dtype=np.float64)
+    if sp.issparse(X):
+        x_sq = np.asarray(X.multiply(X).sum(axis=1)).ravel()
+    else:
+        x_sq = np.einsum("ij,ij->i", X, X, dtype=np.float64)
     X64 = X.astype(np.float64)
     out = np.empty((Q.shape[0], k), dtype=np.int64)
     for s in range(0, Q.shape[0], 500):
@@ -247,7 +251,8 @@ def pynndescent_methods(X, args, rows):
         size = None
     rows.append(dict(method="pynndescent", build_s=t, bytes=size))
     # queried with k >= 10 (its search keeps k candidates: k = 1 finds the nearest row far less often)
-    return [("pynndescent", [(f"k>=10, epsilon {e}", lambda Q, k, e=e: index.query(Q, max(k, 10), epsilon=e)[0][:, :k])
+    return [("pynndescent", [(f"k>=10, epsilon {e}",
+                              lambda Q, k, e=e: index.query(Q, max(k, 10), epsilon=e)[0][:, :k])
                              for e in (0.0, 0.1, 0.2)])]
 
 
@@ -385,6 +390,23 @@ def serve_search(model, index, Q, args, cache_dir):
 
 
 # -- main -------------------------------------------------------------------------------------------- #
+def warm_up(X, Q, model_factory, args):
+    """Compile every numba kernel the timed builds and queries use (numba caches to disk; pynndescent does not)."""
+    import qkm
+
+    small = X[:3000]
+    index = qkm.ClusterIndex(model_factory().fit(small), random_state=0, n_jobs=args.threads).fit(small)
+    index.query(Q[:1])
+    index.query(Q[:20], 10)
+    qkm.ClusterIndex(index.operator_, nprobe=1, partition="model").fit(small).query(Q[:20])
+    try:
+        import pynndescent
+
+        pynndescent.NNDescent(small, random_state=0, n_jobs=args.threads).query(Q[:2], 10)
+    except ImportError:
+        pass
+
+
 def run_dataset(name, args, cache_dir):
     import numpy as np
     import qkm
@@ -392,12 +414,14 @@ def run_dataset(name, args, cache_dir):
     if name == "fashion-mnist":
         X, Q = load_fashion(args.data_dir)
         dense = True
+        warm_up(X, Q, lambda: qkm.QKMeans(8, sparsity_level=3, max_iter=2, random_state=0), args)
         model, t_model = timed(lambda: qkm.QKMeans(64, sparsity_level=3, random_state=0, n_jobs=args.threads).fit(X))
         model_desc = "qkm.QKMeans(64, sparsity_level=3, random_state=0)"
     else:
         X, Q = load_20news(args.data_dir, cache_dir)
         Q = Q[:args.sparse_queries]
         dense = False
+        warm_up(X, Q, lambda: qkm.KMeans(4, max_iter=2, random_state=0), args)
         model, t_model = timed(lambda: qkm.KMeans(20, random_state=0, n_jobs=args.threads).fit(X))
         model_desc = "qkm.KMeans(20, random_state=0)"
     print(f"{name}: indexed {X.shape}, queries {Q.shape}; model {model_desc} fit in {t_model:.1f} s", flush=True)
@@ -543,8 +567,8 @@ def render(payload):
             lines += ["", f"Service: `{res['service']['command']}` (exit status {res['service']['exit_code']}), "
                           "pinned to CPU 0, load generator on CPU 1; `baseline`: a bare ASGI app on the same uvicorn "
                           "that reads the body and answers `{}` (the floor of the HTTP stack here, now).", "",
-                      "| server | endpoint, one JSON row | concurrency | requests/s | p50 ms | p99 ms | server CPU ms/req "
-                      "| errors |", "|---|---|---|---|---|---|---|---|"]
+                      "| server | endpoint, one JSON row | concurrency | requests/s | p50 ms | p99 ms | "
+                      "server CPU ms/req | errors |", "|---|---|---|---|---|---|---|---|"]
             for r in res["service"]["rows"]:
                 lines.append(f"| {r['server']} | {r['endpoint']} | {r['concurrency']} | {r['requests_per_s']:,.0f} | "
                              f"{r['p50_ms']:.2f} | {r['p99_ms']:.2f} | {r['server_cpu_ms']:.2f} | "

@@ -15,7 +15,8 @@ Protocol (Giffon et al., 2021, Section 5, and the reference code's evaluation sc
   Nystroem's draw for ``random_state=seed``).
 * 1-NN: ``qkm.ClusterIndex(partition="model")`` on the training rows (the
   model's clusters as lists), every test image queried with nprobe = 1 (the
-  paper's K-means 1-NN: search only the nearest cluster) and larger; against exact brute force (numpy/BLAS, ``argmin ||y||^2 - 2 X_q Y^T``
+  paper's K-means 1-NN: search only the nearest cluster) and larger;
+  against exact brute force (numpy/BLAS, ``argmin ||y||^2 - 2 X_q Y^T``
   in blocks of 256 queries), scikit-learn ``BallTree`` (exact, on the first
   ``--balltree-queries`` test images) and, if ``faiss-cpu`` imports, faiss
   ``IndexIVFFlat`` (float32) whose coarse quantizer holds the *same*

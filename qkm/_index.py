@@ -143,7 +143,7 @@ def centred_sq_norms(X, mean):
 
 
 def fit_quantizer(head, n_lists, random_state, n_jobs):
-    """The index's own lists: :class:`qkm.KMeans` of the rows' head coordinates; returns its centroids (L, h) float32."""
+    """The index's own lists: :class:`qkm.KMeans` of the rows' head coordinates; its centroids (L, h) float32."""
     from ._kmeans import KMeans
 
     with warnings.catch_warnings():  # fewer distinct heads than lists: fewer lists
