@@ -3,7 +3,6 @@
 import json
 import types
 
-import numba
 import numpy as np
 import pytest
 import scipy.sparse as sp
@@ -246,7 +245,7 @@ def test_bad_inputs_raise_clear_errors(data, qk):
         ClusterIndex(object()).fit(X)
 
 
-@pytest.mark.skipif(numba.config.NUMBA_NUM_THREADS < 2, reason="needs 2 numba threads")
+@pytest.mark.needs_threads(2)
 @pytest.mark.parametrize("partition", ["auto", "model"])
 def test_identical_for_one_and_two_threads(wide, km_wide, partition):
     X, Xq = wide
