@@ -352,8 +352,8 @@ def serve_search(model, index, Q, args, cache_dir):
     def level(server, proc, port, endpoint, c):
         requests = [sl.http_request(endpoint, b, "application/json") for b in bodies]
         cpu0 = sl.process_tree_cpu_seconds(proc.pid)
-        lat, statuses, errors, (answered, _) = asyncio.run(sl.closed_loop(port, requests, c, 2.0,
-                                                                         args.serve_duration))
+        lat, _, statuses, errors, (answered, _) = asyncio.run(sl.closed_loop(port, requests, c, 2.0,
+                                                                            args.serve_duration))
         cpu = (sl.process_tree_cpu_seconds(proc.pid) - cpu0) * 1e3 / max(answered, 1)
         rows.append(dict(server=server, endpoint=endpoint, concurrency=c, requests=len(lat),
                          requests_per_s=len(lat) / args.serve_duration, p50_ms=float(np.percentile(lat, 50) * 1e3),
@@ -534,7 +534,7 @@ def render(payload):
     env, args = payload["environment"], payload["args"]
     lines = ["# Approximate nearest neighbours: qkm.ClusterIndex and its peers", "",
              "Produced by `benchmarks/ann.py`; rerun with:", "",
-             f"    .venv/bin/python benchmarks/ann.py --out {args['out']}", "",
+             f"    .venv/bin/{payload['command']}", "",
              f"Machine: {env['cpu']}, {env['cpus']} cores shared with other jobs; load average (1, 5, 15 min) before "
              f"{env['load_before']}, after {env['load_after']}; {env['threads']} thread(s) everywhere. "
              f"Versions: " + ", ".join(f"{k} {v}" for k, v in env.items() if k in
