@@ -145,6 +145,11 @@ class ClusterIndex(BaseEstimator):
         self.random_state = random_state
         self.n_jobs = n_jobs
 
+    def __sklearn_tags__(self):
+        tags = super().__sklearn_tags__()
+        tags.input_tags.sparse = True  # CSR rows are indexed and searched as CSR
+        return tags
+
     # ------------------------------------------------------------------ #
     def _resolve_operator(self, X):
         operator = operator_of(self.estimator)

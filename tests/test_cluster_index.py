@@ -12,6 +12,7 @@ from threadpoolctl import threadpool_limits
 from conftest import CONTAINERS, through_npy
 from qkm import ClusterIndex, KMeans, QKMeans
 from qkm._threads import numba_threads
+from qkm.export import load_model, save_model
 from qkm.operator import DenseOperator
 
 import naive
@@ -70,12 +71,13 @@ def test_all_lists_is_exact_brute_force(data, wide, qk, km_wide, partition, stor
     X, Xq, model = (data[0], data[2], qk) if which == "narrow" else (wide[0], wide[1], km_wide)
     index = ClusterIndex(model, nprobe=1, partition=partition, n_lists=12, store=store, random_state=0)
     index.fit(CONTAINERS[fit_container](X))
-    for k in (1, 5):
-        dist, ind = index.query(CONTAINERS[query_container](Xq), k=k, nprobe=index.n_lists_)
-        ref_dist, ref_ind = naive.knn(Xq, X, k)
-        np.testing.assert_array_equal(ind, ref_ind)
-        np.testing.assert_allclose(dist, ref_dist, rtol=1e-10, atol=1e-10)
-        assert dist.dtype == np.float64 and ind.dtype == np.int64 and ind.shape == (Xq.shape[0], k)
+    for rows in (slice(0, 1), slice(1, 6), slice(None)):  # the one-row path, a few rows, a batch (BLAS, chunks)
+        for k in (1, 5):
+            dist, ind = index.query(CONTAINERS[query_container](Xq[rows]), k=k, nprobe=index.n_lists_)
+            ref_dist, ref_ind = naive.knn(Xq[rows], X, k)
+            np.testing.assert_array_equal(ind, ref_ind)
+            np.testing.assert_allclose(dist, ref_dist, rtol=1e-10, atol=1e-10)
+            assert dist.dtype == np.float64 and ind.dtype == np.int64 and ind.shape == (Xq[rows].shape[0], k)
 
 
 def test_float32_rows_are_searched_exactly(wide, km_wide):
@@ -89,12 +91,14 @@ def test_float32_rows_are_searched_exactly(wide, km_wide):
         np.testing.assert_allclose(dist, ref_dist, rtol=1e-10, atol=1e-10)
 
 
-@pytest.mark.parametrize("container, store", [("dense", "float32"), ("csr_matrix", "float32"), ("dense", "int8")])
-def test_one_query_and_batch_paths_agree(wide, km_wide, container, store):
+@pytest.mark.parametrize("container, store, partition", [("dense", "float32", "auto"), ("csr_matrix", "float32", "auto"),
+                                                        ("dense", "int8", "auto"), ("dense", "float32", "model")])
+def test_one_query_and_batch_paths_agree(wide, km_wide, container, store, partition):
     X, Xq = wide
-    index = _own(km_wide, store=store).fit(CONTAINERS[container](X))
+    index = _own(km_wide, store=store, partition=partition, n_lists=None if partition == "model" else 16)
+    index.fit(CONTAINERS[container](X))
     Q = CONTAINERS[container](Xq)
-    for nprobe in (1, 3, 9):
+    for nprobe in sorted({min(p, index.n_lists_) for p in (1, 3, 9)}):
         for k in (1, 4):
             batch = index.query(Q, k=k, nprobe=nprobe)  # 60 rows: BLAS coordinates, parallel kernel
             one = [index.query(Q[i:i + 1], k=k, nprobe=nprobe) for i in range(Xq.shape[0])]  # all compiled
@@ -172,14 +176,20 @@ def test_empty_lists_are_never_probed(data):
     np.testing.assert_array_equal(index.query(query, k=1)[1], _restricted_knn(query, X, index.labels_, order, 1)[1])
 
 
-@pytest.mark.parametrize("partition", ["auto", "model"])
-def test_ties_go_to_the_lowest_index(partition):
-    X = np.array([[0.0, 0.0], [5.0, 5.0], [0.0, 0.0], [5.0, 5.0], [0.0, 0.0]])
+@pytest.mark.parametrize("partition, store, container", [("auto", "float32", "dense"), ("model", "float32", "dense"),
+                                                        ("auto", "int8", "dense"), ("auto", "float32", "csr_matrix"),
+                                                        ("model", "int8", "csr_matrix")])
+def test_ties_go_to_the_lowest_index(partition, store, container):
+    X = np.array([[0.0, 0.0], [5.0, 5.0], [0.0, 0.0], [5.0, 5.0], [0.0, 0.0], [0.0, 0.0]])
     op = DenseOperator(np.array([[0.0, 0.0], [5.0, 5.0]]))
-    index = ClusterIndex(op, nprobe=2, partition=partition, n_lists=2, random_state=0).fit(X)
-    dist, ind = index.query([[0.1, 0.0], [4.9, 5.0]], k=2)
-    assert ind.tolist() == [[0, 2], [1, 3]]
-    assert index.query([[0.1, 0.0]], k=2)[1].tolist() == [[0, 2]]
+    index = ClusterIndex(op, nprobe=2, partition=partition, n_lists=2, store=store, random_state=0)
+    index.fit(CONTAINERS[container](X))
+    Q = np.array([[0.1, 0.0], [4.9, 5.0], [0.0, 0.0]])
+    dist, ind = index.query(CONTAINERS[container](Q), k=3)
+    assert ind.tolist() == [[0, 2, 4], [1, 3, 0], [0, 2, 4]]  # equal distances: the lowest row first
+    np.testing.assert_allclose(dist, naive.knn(Q, X, 3)[0], rtol=1e-12, atol=1e-12)
+    for i in range(3):  # one row per call: the same answer
+        assert index.query(CONTAINERS[container](Q[i:i + 1]), k=3)[1].tolist() == [ind[i].tolist()]
 
 
 def test_predict_kneighbors_score(data, qk):
@@ -280,6 +290,19 @@ def test_export_state_round_trip(wide, km_wide, tmp_path, partition, store, cont
     assert back.nprobe == back.nprobe_ == 2 and back.n_samples_fit_ == 700 and back.describe() == index.describe()
     if y_fit is not None:
         np.testing.assert_array_equal(back.predict(Xq), index.predict(Xq))
+
+
+@pytest.mark.parametrize("partition, store", [("auto", "float32"), ("auto", "int8"), ("model", "float32")])
+def test_saved_with_the_model_and_loaded(wide, km_wide, tmp_path, partition, store):
+    X, Xq = wide  # the safe model format: the index travels with the model, nprobe_ and describe() too
+    index = ClusterIndex(km_wide, partition=partition, n_lists=12, store=store, random_state=0).fit(X)
+    save_model(km_wide, tmp_path / "m.qkm", index=index)
+    model = load_model(tmp_path / "m.qkm")
+    assert model.index.nprobe_ == index.nprobe_ and model.describe()["index"] == index.describe()
+    for k, nprobe in ((1, None), (4, 3)):
+        got, expected = model.search(Xq, k=k, nprobe=nprobe), index.query(Xq, k=k, nprobe=nprobe)
+        np.testing.assert_array_equal(got[1], expected[1])
+        np.testing.assert_array_equal(got[0], expected[0])
 
 
 def test_state_version_1_loads_as_the_model_partition(data, qk, tmp_path):
