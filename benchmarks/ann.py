@@ -26,6 +26,7 @@ Protocol:
   float32; scipy sparse products on 20 Newsgroups) are swept over their
   search parameter. Peers that do not import are skipped with a message.
 * Every numba kernel is compiled before the timings (a build on 3,000 rows).
+* ``--queries N`` keeps the first N queries (for a shorter run on a busy machine).
 * Everything runs with 1 thread (``--threads``). Throughput: the queries in
   batches of 1,000, every setting timed once per round, settings shuffled
   per round, ``--rounds`` rounds, median. One-query latency: the first
@@ -285,6 +286,7 @@ def run_dataset(name, args, cache_dir):
         model_desc = "qkm.KMeans(20, random_state=0)"
     print(f"{name}: indexed {X.shape}, queries {Q.shape}; model {model_desc} fit in {t_model:.1f} s", flush=True)
     truth = exact_truth(X, Q, 10, cache_dir / f"ann_truth_{name}_{Q.shape[0]}.npy")
+    Q, truth = Q[:args.queries], truth[:args.queries]
     builds = []
     methods, index = qkm_methods(model, X, args, builds)
     methods += faiss_methods(model, X, args, builds, dense) + hnswlib_methods(X, args, builds, dense)
@@ -353,6 +355,7 @@ def main():
     p.add_argument("--single", type=int, default=1000, help="queries timed one per call")
     p.add_argument("--serve-duration", type=float, default=10.0, help="recorded seconds per level (0: no service)")
     p.add_argument("--sparse-queries", type=int, default=2000, help="20 Newsgroups: the first test documents queried")
+    p.add_argument("--queries", type=int, default=None, help="query with the first N test rows only (default: all)")
     p.add_argument("--data-dir", default=str(REPO.parent / "shared" / "data"))
     p.add_argument("--cache-dir", default=str(REPO / "benchmarks" / ".cache"))
     p.add_argument("--out", default=None, help="write <out>.json and <out>.md")
