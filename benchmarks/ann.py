@@ -302,26 +302,30 @@ def run_dataset(name, args, cache_dir):
                 load_during_latency=[round(v, 2) for v in load_during])
 
 
-def best_at(rows, method, recall):
-    """The fastest setting of ``method`` reaching ``recall`` (by one-query latency), else its most accurate."""
+def best_at(rows, method, recall, key):
+    """The setting of ``method`` reaching ``recall`` that is best by ``key`` (one-query latency: lowest;
+    throughput: highest), else its most accurate."""
     mine = [r for r in rows if r["method"] == method]
     good = [r for r in mine if r["recall_at_1"] >= recall]
-    return min(good, key=lambda r: r["single_p50_us"]) if good else max(mine, key=lambda r: r["recall_at_1"])
+    if not good:
+        return max(mine, key=lambda r: r["recall_at_1"])
+    return min(good, key=lambda r: r[key]) if key == "single_p50_us" else max(good, key=lambda r: r[key])
 
 
 def goals(result):
     """The issue's goals on Fashion-MNIST: (goal, measured, met)."""
     rows = result["rows"]
     ours = next(r for r in rows if r["method"] == "qkm ClusterIndex" and "default" in r["setting"])
-    peers = {m: best_at(rows, m, GOALS["recall"]) for m in ("faiss HNSWFlat M32", "hnswlib M16", "pynndescent")
-             if any(r["method"] == m for r in rows)}
+    names = [m for m in ("faiss HNSWFlat M32", "hnswlib M16", "pynndescent") if any(r["method"] == m for r in rows)]
+    fastest = {key: {m: best_at(rows, m, GOALS["recall"], key) for m in names} for key in ("single_p50_us", "qps")}
     build = next(b for b in result["builds"] if b["method"] == "qkm ClusterIndex")["build_s"]
 
     def peer(m, key):
-        r = peers.get(m)
-        return f"{m} {r['setting']} (recall@1 {r['recall_at_1']:.4f}): {r[key]:,.0f}" if r else f"{m}: not run"
+        r = fastest[key][m]
+        return f"{m} {r['setting']} (recall@1 {r['recall_at_1']:.4f}): {r[key]:,.0f}"
 
-    out = [("recall@1 >= 0.99 at default settings", f"{ours['recall_at_1']:.4f} (nprobe {ours['setting']})",
+    peers = fastest["single_p50_us"]
+    out = [("recall@1 >= 0.99 at default settings", f"{ours['recall_at_1']:.4f} ({ours['setting']})",
             ours["recall_at_1"] >= GOALS["recall"]),
            ("one query <= 100 us median", f"{ours['single_p50_us']:.0f} us",
             ours["single_p50_us"] <= GOALS["one_query_us"])]
@@ -331,6 +335,7 @@ def goals(result):
                         f"{ours['single_p50_us']:.0f} us vs " + peer(m, "single_p50_us") + " us",
                         ours["single_p50_us"] < peers[m]["single_p50_us"]))
     out.append(("batches of 1,000 >= 20,000 q/s", f"{ours['qps']:,.0f} q/s", ours["qps"] >= GOALS["batch_qps"]))
+    peers = fastest["qps"]  # the peer's highest throughput at recall@1 >= 0.99
     if "pynndescent" in peers:
         out.append(("batches ahead of pynndescent", f"{ours['qps']:,.0f} vs " + peer("pynndescent", "qps") + " q/s",
                     ours["qps"] > peers["pynndescent"]["qps"]))
@@ -359,7 +364,15 @@ def main():
     p.add_argument("--data-dir", default=str(REPO.parent / "shared" / "data"))
     p.add_argument("--cache-dir", default=str(REPO / "benchmarks" / ".cache"))
     p.add_argument("--out", default=None, help="write <out>.json and <out>.md")
+    p.add_argument("--render-from", default=None, help="recompute the goals and the Markdown from a results JSON")
     args = p.parse_args()
+    if args.render_from:
+        payload = json.loads(Path(args.render_from).read_text())
+        fm = next((r for r in payload["results"] if r["dataset"] == "fashion-mnist"), None)
+        payload["goals"] = goals(fm) if fm else []
+        Path(args.render_from).write_text(json.dumps(payload, indent=1, default=str) + "\n")
+        Path(args.render_from[:-len(".json")] + ".md").write_text(render(payload))
+        return
     for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS"):
         os.environ[var] = str(args.threads)
     sys.path.insert(0, str(REPO))
