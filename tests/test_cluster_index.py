@@ -91,8 +91,9 @@ def test_float32_rows_are_searched_exactly(wide, km_wide):
         np.testing.assert_allclose(dist, ref_dist, rtol=1e-10, atol=1e-10)
 
 
-@pytest.mark.parametrize("container, store, partition", [("dense", "float32", "auto"), ("csr_matrix", "float32", "auto"),
-                                                        ("dense", "int8", "auto"), ("dense", "float32", "model")])
+@pytest.mark.parametrize("container, store, partition", [
+    ("dense", "float32", "auto"), ("csr_matrix", "float32", "auto"), ("dense", "int8", "auto"),
+    ("dense", "float32", "model")])
 def test_one_query_and_batch_paths_agree(wide, km_wide, container, store, partition):
     X, Xq = wide
     index = _own(km_wide, store=store, partition=partition, n_lists=None if partition == "model" else 16)
