@@ -19,7 +19,7 @@ from ._factored_lloyd import factored_lloyd
 from ._stopping import IterationLog
 from ._threads import effective_n_threads, numba_threads
 from ._validation import check_data
-from ._chain import ChainCalibration
+from ._chain_calibration import ChainCalibration
 from .operator import FactorChainOperator
 from .palm4msa import hierarchical_palm4msa, palm4msa
 

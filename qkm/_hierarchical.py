@@ -1,0 +1,59 @@
+"""Hierarchical palm4MSA, residual on the right (private; public API in :mod:`qkm.palm4msa`).
+
+Le Magoarou & Gribonval (2016): at level ``l = 1 .. Q-1`` the current residual
+is split as ``lambda' S_l T'`` by a two-factor PALM started from ``(I, 0)``,
+the scales multiply, and a global PALM over ``[S_1 .. S_l, T']`` refits
+everything to the original target (warm). The last residual is ``S_Q``.
+
+Hierarchical splits use plain projected steps (``monotone=False``, FAuST's
+behaviour): monotone splits lock the supports in early (measured: Hadamard
+matrices are then not recovered); the global refits are monotone.
+"""
+
+import numpy as np
+
+from ._palm import PalmState, chain_shapes, palm
+from ._projections import project
+
+__all__ = ["hierarchical", "residual_budget"]
+
+
+def residual_budget(level, s, n_inner, n_cols):
+    """Global nnz kept in the residual after split ``level`` (1-based) at intermediate levels."""
+    return max(s * n_cols, (n_inner * n_cols) >> level)
+
+
+def hierarchical(T, w, n_factors, s, max_iter_split, max_iter_global, max_iter_final, tol, residual="sp"):
+    """Le Magoarou & Gribonval's hierarchical factorisation; returns a :class:`PalmState`."""
+    K, D = T.shape
+    WT = T if w is None else w[:, None] * T
+    shapes = chain_shapes(K, D, n_factors)
+    if n_factors == 1:
+        S = [project(("splincol", s), T)]
+        return palm(WT, w, S, 1.0, [("splincol", s)], max(max_iter_global, max_iter_final), tol)
+    A = shapes[0][1]
+    left, lam, resid = [], 1.0, T
+    history, n_iter, counts = [], 0, np.zeros(3, dtype=np.int64)
+    for level in range(1, n_factors):
+        last = level == n_factors - 1
+        if last:
+            rcons = ("splincol", s)
+        elif residual == "sp":
+            rcons = ("sp", residual_budget(level, s, A, D))
+        else:
+            rcons = ("splincol", max(s, A >> level))
+        r0, r1 = shapes[level - 1]
+        split = palm(WT if level == 1 else resid, w if level == 1 else None,
+                     [np.eye(r0, r1), np.zeros((r1, D))], 1.0, [("splincol", s), rcons],
+                     max_iter_split, tol, monotone=False)
+        lam *= split.lam
+        S = left + [split.factors[0], split.factors[1]]
+        glob = palm(WT, w, S, lam, [("splincol", s)] * level + [rcons],
+                    max_iter_final if last else max_iter_global, tol)
+        history += glob.history
+        n_iter += glob.n_iter
+        for st in (split, glob):
+            counts += (st.n_certified, st.n_restricted, st.n_rejected)
+        lam = glob.lam
+        left, resid = S[:-1], S[-1]
+    return PalmState(left + [resid], lam, glob.objective, history, n_iter, *map(int, counts))
