@@ -2,13 +2,14 @@
 
 Layout of a model file::
 
-    header.json        {"format": "qkm-model", "format_version": 2, "kind": "kmeans" | "factor-chain",
+    header.json        {"format": "qkm-model", "format_version": 3, "kind": "kmeans" | "factor-chain",
                         "checksum": "sha256:...",          # over all array checksums
                         "arrays": {name: {"sha256": ..., "dtype": ..., "shape": ...}},
                         "metadata": {...},                 # K, D, nnz, algorithm, objective, ...
                         "parts": {"index": {...}, "nystroem": {...}}}   # optional
     arrays/<name>.npy  one entry per array, read with allow_pickle=False:
-                       cluster_centers, or factor{i}_indptr/indices/data/shape;
+                       cluster_centers, or factor{i}_indptr/indices/data/shape and an
+                       optional mean (centroids = mean + product of the factors);
                        sq_norms; index.<name> and nystroem.<name> for the parts
 
 Loading checks the magic, the version, every checksum and every sparse index
@@ -31,7 +32,7 @@ from ._model import Model, content_checksum, operator_arrays
 __all__ = ["FORMAT_VERSION", "ModelFormatError", "LoadedModel", "save_model", "load_model"]
 
 FORMAT_NAME = "qkm-model"
-FORMAT_VERSION = 2  # 2: squared norms, content checksum, optional index / nystroem parts
+FORMAT_VERSION = 3  # 2: squared norms, content checksum, optional index / nystroem parts; 3: a chain's mean
 
 
 class ModelFormatError(ValueError):
@@ -82,8 +83,11 @@ def _operator_from_arrays(kind, arrays, metadata, path):
         factors = _factors_from_arrays(arrays, n_factors, path)
         if any(f.dtype.kind != "f" or not np.all(np.isfinite(f.data)) for f in factors):
             raise ModelFormatError(f"{path}: factor values must be finite floats.")
+        mean = arrays.get("mean")
+        if mean is not None and (mean.ndim != 1 or mean.dtype.kind != "f"):
+            raise ModelFormatError(f"{path}: 'mean' is not a 1-D float array.")
         try:
-            return FactorChainOperator(factors, dtype=factors[0].dtype)
+            return FactorChainOperator(factors, dtype=factors[0].dtype, mean=mean)
         except ValueError as exc:
             raise ModelFormatError(f"{path}: the factors do not form a valid chain ({exc}).") from exc
     raise ModelFormatError(f"{path}: model kind {kind!r} is not supported by this qkm (version {__version__}).")

@@ -44,7 +44,7 @@ from . import _chain_block_kernels as CB
 from . import _chain_kernels as CK
 from . import _config
 from ._chain_calibration import PATHS, ChainCalibration, bucket_of, measure
-from ._chain_layout import check_factors, fold, pack
+from ._chain_layout import check_factors, check_mean, fold, pack
 from ._operator_base import CentroidOperator, DenseOperator
 
 __all__ = ["FactorChainOperator"]
@@ -76,6 +76,12 @@ class FactorChainOperator(CentroidOperator):
         once, not every iteration.
     path : {"auto", "fused", "fused-sample", "fused-block", "scipy", "dense"}, default="auto"
         Execution path; "auto" measures (see :meth:`force_path`).
+    mean : array-like of shape (n_features,), default=None
+        A vector ``mu`` added to every centroid: ``V = mu + S_1 ... S_Q``
+        (a model fitted on centred data keeps the data mean here). The chain
+        paths use ``argmin_k (||w_k||^2 + 2 mu.w_k - 2 x.w_k)`` (no ``x.mu`` for
+        the labels; sparse samples stay sparse) and add ``||mu||^2 - 2 x.mu``
+        for the distances.
 
     Attributes
     ----------
@@ -84,24 +90,33 @@ class FactorChainOperator(CentroidOperator):
     n_clusters, n_features : int
     dtype : numpy dtype
     c_sq : ndarray of shape (n_clusters,), float64
-        ``||v_k||^2`` from ``V`` folded in float64.
+        ``||v_k||^2`` from ``V`` folded in float64 (mean included).
+    mean : ndarray of shape (n_features,) of ``dtype``, or None
     calibration : ChainCalibration
     timings_ : dict
         What was measured and chosen (``calibration.entries``).
     """
 
-    def __init__(self, factors, dtype=None, calibration=None, path="auto"):
+    def __init__(self, factors, dtype=None, calibration=None, path="auto", mean=None):
         self.factors = check_factors(factors, dtype)
         self.dtype = self.factors[0].dtype
         self.n_clusters = self.factors[0].shape[0]
         self.n_features = self.factors[-1].shape[1]
+        self.mean = check_mean(mean, self.n_features, self.dtype)
         self._nnz = int(sum(f.nnz for f in self.factors))
         self._meta, self._ptr, self._idx, self._val = pack(self.factors, self.dtype)
         V64 = fold(self._meta, self._ptr, self._idx, self._val, self.n_clusters, self.n_features)
-        self.c_sq = np.einsum("ij,ij->i", V64, V64)
+        if self.mean is None:
+            chain_norms = self.c_sq = np.einsum("ij,ij->i", V64, V64)
+        else:                       # the chain holds W = V - mu: adjusted norms ||w||^2 + 2 mu.w
+            self._mu64 = self.mean.astype(np.float64)
+            self._mu_sq = float(self._mu64 @ self._mu64)
+            chain_norms = np.einsum("ij,ij->i", V64, V64) + 2.0 * (V64 @ self._mu64)
+            V64 += self._mu64
+            self.c_sq = np.einsum("ij,ij->i", V64, V64)
         self._V = V64 if self.dtype == np.float64 else np.ascontiguousarray(V64, dtype=self.dtype)
         del V64
-        self._chain = (self._meta, self._ptr, self._idx, self._val, self.c_sq)
+        self._chain = (self._meta, self._ptr, self._idx, self._val, chain_norms)
         self._small_paths = {}  # (n, sparse) -> path, for batches of at most 16 rows
         self._dense_op = None
         if isinstance(calibration, FactorChainOperator):
@@ -149,7 +164,10 @@ class FactorChainOperator(CentroidOperator):
             return np.zeros((0, self.n_clusters), dtype=self.dtype)
         if self._apply_path(n, sp.issparse(X), X) == "dense":
             return self._dense_apply(X)
-        return np.ascontiguousarray(self._scipy_dots(X).T)
+        out = np.ascontiguousarray(self._scipy_dots(X).T)
+        if self.mean is not None:
+            out += self._mean_dots(X)[:, None].astype(self.dtype)
+        return out
 
     def _dense_apply(self, X):
         out = X @ self._V.T
@@ -192,6 +210,8 @@ class FactorChainOperator(CentroidOperator):
                   and labels.flags.c_contiguous and partial_best.flags.c_contiguous)
         if path == "fused-sample" and direct and not sparse:  # the latency path: one jitted call
             CK.chain_sample_dense(X, *self._chain, labels, partial_best)
+            if self.mean is not None:
+                partial_best += self._mean_offsets(X)
             return
         lab, best = (labels, partial_best) if direct else (np.empty(n, dtype=np.int32), np.empty(n))
         self._run(path, X, lab, best)
@@ -305,11 +325,37 @@ class FactorChainOperator(CentroidOperator):
         if path == "fused-sample" or path == "fused-block":
             self._run_fused(path == "fused-sample", X, labels, best)
         elif path == "scipy":
-            CK.argmin_cols(self._scipy_dots(X), self.c_sq, labels, best)
+            CK.argmin_cols(self._scipy_dots(X), self._chain[-1], labels, best)
         elif path == "dense":
-            self._run_dense(X, labels, best)
+            self._run_dense(X, labels, best)     # the folded V holds the mean
+            return
         else:
             raise ValueError(f"unknown path {path!r}")
+        if self.mean is not None:
+            best += self._mean_offsets(X)
+
+    def _mean_dots(self, X):
+        """``x.mu`` for every row of prepared ``X``, accumulated in float64."""
+        out = np.empty(X.shape[0])
+        if sp.issparse(X):
+            CK.row_dots_csr(X.data, X.indices, X.indptr, self._mu64, out)
+        else:
+            CK.row_dots_dense(X, self._mu64, out)
+        return out
+
+    def _mean_offsets(self, X):
+        """``||mu||^2 - 2 x.mu``: turns the chain's partials into ``||v_k||^2 - 2 x.v_k``."""
+        out = self._mean_dots(X)
+        out *= -2.0
+        out += self._mu_sq
+        return out
+
+    def without_mean(self):
+        """The chain alone (``V - mu``) as an operator sharing the factors and the timings."""
+        if self.mean is None:
+            return self
+        return FactorChainOperator(self.factors, dtype=self.dtype, calibration=self.calibration,
+                                   path=self._forced or "auto")
 
     def _run_fused(self, per_sample, X, labels, best):
         chain = self._chain

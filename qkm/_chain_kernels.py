@@ -203,3 +203,32 @@ def argmin_cols(
             if d < best[t]:
                 best[t] = d
                 labels[t] = k
+
+
+# --------------------------------------------------------------------------- #
+# Dots with the mean of a centred chain (float64 accumulation, one row each)
+# --------------------------------------------------------------------------- #
+@njit(**_JIT)
+def row_dots_dense(
+    X,                              # IN  (n, D) C-contiguous
+    v,                              # IN  (D,) float64
+    out,                            # OUT (n,) float64 x_i . v
+):
+    for i in range(X.shape[0]):
+        acc = 0.0
+        for j in range(X.shape[1]):
+            acc += np.float64(X[i, j]) * v[j]
+        out[i] = acc
+
+
+@njit(**_JIT)
+def row_dots_csr(
+    data, indices, indptr,          # IN  CSR rows
+    v,                              # IN  (D,) float64
+    out,                            # OUT (n,) float64 x_i . v
+):
+    for i in range(indptr.shape[0] - 1):
+        acc = 0.0
+        for p in range(indptr[i], indptr[i + 1]):
+            acc += np.float64(data[p]) * v[indices[p]]
+        out[i] = acc

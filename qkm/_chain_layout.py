@@ -12,7 +12,7 @@ import scipy.sparse as sp
 
 from . import _chain_block_kernels as CB
 
-__all__ = ["FOLD_WIDTH", "check_factors", "fold", "pack", "random_chain"]
+__all__ = ["FOLD_WIDTH", "check_factors", "check_mean", "fold", "pack", "random_chain"]
 
 #: Columns of V per work unit when folding the chain.
 FOLD_WIDTH = 64
@@ -52,6 +52,25 @@ def check_factors(factors, dtype):
         csr.eliminate_zeros()
         csr.sort_indices()
         out.append(csr)
+    return out
+
+
+def check_mean(mean, n_features, dtype):
+    """None, or the mean vector of a chain as a C-contiguous ``(n_features,)`` array of ``dtype``."""
+    if mean is None:
+        return None
+    mean = mean.toarray() if sp.issparse(mean) else np.asarray(mean)
+    if mean.dtype.kind not in "biuf":
+        raise ValueError(f"mean has dtype {mean.dtype}; expected real numbers")
+    mean = mean.reshape(-1) if mean.ndim == 2 and 1 in mean.shape else mean
+    if mean.shape != (n_features,):
+        raise ValueError(f"mean has shape {mean.shape}; expected ({n_features},) to match the last factor")
+    if not np.all(np.isfinite(mean)):
+        raise ValueError("mean has non-finite values")
+    with np.errstate(over="ignore"):
+        out = np.ascontiguousarray(mean, dtype=dtype)
+    if not np.all(np.isfinite(out)):
+        raise ValueError(f"mean overflows {np.dtype(dtype).name}")
     return out
 
 

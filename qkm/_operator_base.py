@@ -39,12 +39,17 @@ class CentroidOperator:
     dtype : numpy dtype of the stored values (float32 or float64).
     c_sq : ndarray of shape (n_clusters,)
         Squared row norms ``||v_k||^2`` in float64.
+    mean : ndarray of shape (n_features,) or None
+        A vector stored beside the structured part and added to every centroid
+        (``V = mean + W``; a model fitted on centred data keeps the data mean
+        here), or None. Everything above describes the full ``V``.
     """
 
     n_clusters: int
     n_features: int
     dtype: np.dtype
     c_sq: np.ndarray
+    mean = None
 
     # -- to implement ------------------------------------------------------ #
     def apply(self, X):
@@ -66,7 +71,7 @@ class CentroidOperator:
 
     @property
     def nnz(self):
-        """Stored values."""
+        """Stored values of the structured part (the factors; the mean is counted by :attr:`mean_nnz`)."""
         raise NotImplementedError
 
     def execution_path(self, n_samples):
@@ -84,8 +89,13 @@ class CentroidOperator:
 
     @property
     def flops(self):
-        """Floating-point operations to apply ``V`` to one vector: ``2 * nnz`` (the paper's count)."""
+        """Floating-point operations to assign one vector: ``2 * nnz`` (the paper's count; the mean needs none)."""
         return 2 * self.nnz
+
+    @property
+    def mean_nnz(self):
+        """Nonzeros of the mean (0 without one): its stored values, and half its flops for a distance."""
+        return 0 if self.mean is None else int(np.count_nonzero(self.mean))
 
     @property
     def compression(self):
@@ -148,6 +158,9 @@ class CentroidOperator:
             "nnz": int(self.nnz),
             "flops": int(self.flops),
             "compression": float(self.compression),
+            "centered": self.mean is not None,
+            "nnz_with_mean": int(self.nnz + self.mean_nnz),
+            "flops_with_mean": int(self.flops + 2 * self.mean_nnz),
         }
 
     def __repr__(self):
