@@ -82,6 +82,16 @@ class KMeansData:
         self.storage_chooser = StorageChooser()
         self._ct_buffer = None
 
+    def column_mean(self):
+        """The mean row in float64, summed in row order: bit-identical for dense and CSR data."""
+        out = np.empty(self.n_features, dtype=np.float64)
+        if self.sparse:
+            K_.column_sums_sparse(self.X.data, self.X.indices, self.X.indptr, out)
+        else:
+            K_.column_sums_dense(self.X, out)
+        out /= max(self.n_samples, 1)
+        return out
+
     # ------------------------------------------------------------------ #
     def assign(self, layouts, labels, partial_best, rows=None, lb=None):
         """Nearest centroid of ``rows`` (all rows by default): the one entry point of assignment.
@@ -127,7 +137,7 @@ class KMeansData:
         K_.sq_distances_from_partials(partial_best, rows, self.x_sq, out)
         return out
 
-    def update(self, labels, C, own_sq_distances, labels_old=None, counts=None):
+    def update(self, labels, C, own_sq_distances, labels_old=None, counts=None, repair=True):
         """Cluster means of the rows by label, with empty clusters repaired.
 
         Parameters
@@ -148,6 +158,9 @@ class KMeansData:
         counts : ndarray of shape (n_clusters,), int64, default=None
             OUT cluster sizes after any empty-cluster repair (moved points
             are counted in their new cluster), in cluster-id order.
+        repair : bool, default=True
+            Repair empty clusters; False leaves them empty (count 0, centre
+            unchanged).
 
         Returns
         -------
@@ -177,7 +190,7 @@ class KMeansData:
             K_.update_centers_dense(self.X, order, offsets, changed, C_new, shift_sq)
         c_sq = centroid_sq_norms(C_new)
         relocated = 0
-        if has_empty:
+        if has_empty and repair:
             relocated = relocate_empty_clusters(self, labels, own_sq_distances(), counts_, C_new, shift_sq, c_sq, C)
         if counts is not None:
             counts[:] = counts_

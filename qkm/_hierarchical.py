@@ -23,33 +23,42 @@ def residual_budget(level, s, n_inner, n_cols):
     return max(s * n_cols, (n_inner * n_cols) >> level)
 
 
-def hierarchical(T, w, n_factors, s, max_iter_split, max_iter_global, max_iter_final, tol, residual="sp"):
-    """Le Magoarou & Gribonval's hierarchical factorisation; returns a :class:`PalmState`."""
+def hierarchical(T, w, n_factors, s, max_iter_split, max_iter_global, max_iter_final, tol, residual="sp",
+                 solver=None, factor_proj=None, last_proj=None):
+    """Le Magoarou & Gribonval's hierarchical factorisation; returns a :class:`PalmState`.
+
+    ``solver(WT, w, S, lam, projs, max_iter, tol, monotone)`` runs the splits and
+    the global refits (default :func:`qkm._palm.palm`); ``factor_proj`` is the
+    constraint of the split-off factors (default ``("splincol", s)``) and
+    ``last_proj`` that of the last residual, the last factor (default the same).
+    """
+    solver = palm if solver is None else solver
+    fproj = ("splincol", s) if factor_proj is None else factor_proj
+    lproj = fproj if last_proj is None else last_proj
     K, D = T.shape
     WT = T if w is None else w[:, None] * T
     shapes = chain_shapes(K, D, n_factors)
     if n_factors == 1:
-        S = [project(("splincol", s), T)]
-        return palm(WT, w, S, 1.0, [("splincol", s)], max(max_iter_global, max_iter_final), tol)
+        S = [project(lproj, T)]
+        return solver(WT, w, S, 1.0, [lproj], max(max_iter_global, max_iter_final), tol, True)
     A = shapes[0][1]
     left, lam, resid = [], 1.0, T
     history, n_iter, counts = [], 0, np.zeros(3, dtype=np.int64)
     for level in range(1, n_factors):
         last = level == n_factors - 1
         if last:
-            rcons = ("splincol", s)
+            rcons = lproj
         elif residual == "sp":
             rcons = ("sp", residual_budget(level, s, A, D))
         else:
             rcons = ("splincol", max(s, A >> level))
         r0, r1 = shapes[level - 1]
-        split = palm(WT if level == 1 else resid, w if level == 1 else None,
-                     [np.eye(r0, r1), np.zeros((r1, D))], 1.0, [("splincol", s), rcons],
-                     max_iter_split, tol, monotone=False)
+        split = solver(WT if level == 1 else resid, w if level == 1 else None,
+                       [np.eye(r0, r1), np.zeros((r1, D))], 1.0, [fproj, rcons], max_iter_split, tol, False)
         lam *= split.lam
         S = left + [split.factors[0], split.factors[1]]
-        glob = palm(WT, w, S, lam, [("splincol", s)] * level + [rcons],
-                    max_iter_final if last else max_iter_global, tol)
+        glob = solver(WT, w, S, lam, [fproj] * level + [rcons], max_iter_final if last else max_iter_global, tol,
+                      True)
         history += glob.history
         n_iter += glob.n_iter
         for st in (split, glob):

@@ -275,6 +275,39 @@ def row_sq_norms_dense(X, out):
         out[i] = s
 
 
+@njit(inline="always", **_JIT)
+def _tile_sums(X, k0, k1):
+    """float64 sums of columns k0 .. k1 - 1, rows in order."""
+    acc = np.zeros(k1 - k0)
+    for i in range(X.shape[0]):
+        for k in range(k0, k1):
+            acc[k - k0] += X[i, k]
+    return acc
+
+
+@njit(parallel=True, **_JIT)
+def column_sums_dense(X, out):
+    """OUT out[k] = sum of column k in float64, rows in order (the CSR twin gives the same bits)."""
+    D = X.shape[1]
+    tile = 64
+    for b in prange((D + tile - 1) // tile):
+        k0 = b * tile
+        k1 = min(D, k0 + tile)
+        acc = _tile_sums(X, k0, k1)
+        for k in range(k0, k1):
+            out[k] = acc[k - k0]
+
+
+@njit(**_JIT)
+def column_sums_sparse(data, indices, indptr, out):
+    """OUT out[k] = sum of column k of a CSR matrix in float64, rows in order."""
+    for k in range(out.shape[0]):
+        out[k] = 0.0
+    for i in range(indptr.shape[0] - 1):
+        for p in range(indptr[i], indptr[i + 1]):
+            out[indices[p]] += data[p]
+
+
 @njit(parallel=True, **_JIT)
 def column_variances_dense(X, out):
     """OUT out[k] = population variance of column k (two passes, float64)."""
@@ -283,10 +316,7 @@ def column_variances_dense(X, out):
     for b in prange((D + tile - 1) // tile):
         k0 = b * tile
         k1 = min(D, k0 + tile)
-        mean = np.zeros(k1 - k0)
-        for i in range(n):
-            for k in range(k0, k1):
-                mean[k - k0] += X[i, k]
+        mean = _tile_sums(X, k0, k1)
         for k in range(k1 - k0):
             mean[k] /= n
         acc = np.zeros(k1 - k0)

@@ -4,6 +4,9 @@ A projection spec is a tuple:
 
 * ``("splincol", s)``: the union of the ``s`` largest ``|Z|`` of every row and
   of every column (FAuST's ``splincol``);
+* ``("rowcol", r, c)``: the union of the ``r`` largest of every row and the
+  ``c`` largest of every column (the QuickK-means reference code's budget for a
+  wide factor: ``s D / A`` per row and ``s`` per column);
 * ``("sp", k)``: the ``k`` largest ``|Z|`` overall.
 
 Every projection normalises its output to unit Frobenius norm (an all-zero
@@ -18,7 +21,8 @@ from numba import njit
 
 from ._kernels import _JIT
 
-__all__ = ["is_feasible", "project", "sp_into", "splincol_feasible", "splincol_into"]
+__all__ = ["is_feasible", "project", "rowcol_feasible", "rowcol_into", "sp_into", "splincol_feasible",
+           "splincol_into"]
 
 
 @njit(inline="always", **_JIT)
@@ -33,20 +37,21 @@ def _scale_to_unit_norm(out, ss):
 
 
 @njit(**_JIT)
-def splincol_into(
+def rowcol_into(
     Z,                              # IN  (n, m) float64
-    s,                              # IN  entries kept per row and per column
+    r,                              # IN  entries kept per row (>= 1)
+    c,                              # IN  entries kept per column (>= 1)
     out,                            # OUT (n, m) Z on the union mask, unit Frobenius norm (or 0)
 ):
-    """Keep the ``s`` largest ``|Z|`` of every row and of every column (union), normalise.
+    """Keep the ``r`` largest ``|Z|`` of every row and the ``c`` largest of every column (union), normalise.
 
     One pass keeps a small sorted buffer per row and per column (insertion:
-    ``s`` is small); among equal magnitudes the smaller index wins, so the
-    result is deterministic.
+    the counts are small); among equal magnitudes the smaller index wins, so
+    the result is deterministic.
     """
     n, m = Z.shape
-    sr = min(s, m)
-    sc = min(s, n)
+    sr = min(r, m)
+    sc = min(c, n)
     rv = np.empty(sr)
     ri = np.empty(sr, dtype=np.int64)
     cv = np.empty((m, sc))
@@ -97,6 +102,16 @@ def splincol_into(
                 out[i, j] = v
                 ss += v * v
     _scale_to_unit_norm(out, ss)
+
+
+@njit(**_JIT)
+def splincol_into(
+    Z,                              # IN  (n, m) float64
+    s,                              # IN  entries kept per row and per column
+    out,                            # OUT (n, m) Z on the union mask, unit Frobenius norm (or 0)
+):
+    """FAuST's ``splincol(s)``: :func:`rowcol_into` with ``s`` per row and per column."""
+    rowcol_into(Z, s, s, out)
 
 
 @njit(**_JIT)
@@ -175,13 +190,15 @@ def sp_into(Z, k, out):
 
 
 def project(spec, Z):
-    """Apply a projection spec ``("splincol", s)`` or ``("sp", k)``; returns a new array."""
+    """Apply a projection spec ``("splincol", s)``, ``("rowcol", r, c)`` or ``("sp", k)``; returns a new array."""
     out = np.empty(Z.shape)
-    kind, k = spec
+    kind = spec[0]
     if kind == "splincol":
-        splincol_into(Z, k, out)
+        splincol_into(Z, spec[1], out)
+    elif kind == "rowcol":
+        rowcol_into(Z, spec[1], spec[2], out)
     elif kind == "sp":
-        sp_into(Z, k, out)
+        sp_into(Z, spec[1], out)
     else:  # pragma: no cover - internal misuse
         raise ValueError(f"unknown projection {kind!r}")
     return out
@@ -192,10 +209,20 @@ def splincol_feasible(
     S,                              # IN  (n, m)
     s,                              # IN  entries per row and per column
 ):
-    """Whether every nonzero of ``S`` can be charged to its row or its column, at most ``s`` each.
+    """:func:`rowcol_feasible` with ``s`` per row and per column."""
+    return rowcol_feasible(S, s, s)
 
-    That is membership of the constraint set of :func:`splincol_into` (a union of an
-    ``s``-per-row and an ``s``-per-column pattern), which a projection's output and any
+
+@njit(**_JIT)
+def rowcol_feasible(
+    S,                              # IN  (n, m)
+    r,                              # IN  entries per row
+    c,                              # IN  entries per column
+):
+    """Whether every nonzero of ``S`` can be charged to its row (at most ``r`` each) or its column (at most ``c``).
+
+    That is membership of the constraint set of :func:`rowcol_into` (a union of an
+    ``r``-per-row and a ``c``-per-column pattern), which a projection's output and any
     matrix with a smaller support satisfy. Greedy charging, then augmenting paths
     (breadth first) for the nonzeros left over: ``O(nnz)`` per augmentation.
     """
@@ -227,14 +254,17 @@ def splincol_feasible(
         fill[ej[e]] += 1
     owner = np.full(nnz, -1, dtype=np.int64)  # node charged: row i, or column n + j
     load = np.zeros(n + m, dtype=np.int64)
+    cap = np.empty(n + m, dtype=np.int64)     # capacity of each node
+    cap[:n] = r
+    cap[n:] = c
     left = np.empty(nnz, dtype=np.int64)
     n_left = 0
     for e in range(nnz):
         i, j = ei[e], n + ej[e]
-        if load[i] < s:
+        if load[i] < cap[i]:
             owner[e] = i
             load[i] += 1
-        elif load[j] < s:
+        elif load[j] < cap[j]:
             owner[e] = j
             load[j] += 1
         else:
@@ -264,7 +294,7 @@ def splincol_feasible(
                 if parent[v] != -2:
                     continue
                 parent[v] = f
-                if load[v] < s:
+                if load[v] < cap[v]:
                     found = v
                     break
                 queue[tail] = v
@@ -284,7 +314,9 @@ def splincol_feasible(
 
 def is_feasible(spec, S):
     """Whether ``S`` satisfies the constraint of ``spec`` (up to normalisation)."""
-    kind, k = spec
+    kind = spec[0]
     if kind == "sp":
-        return np.count_nonzero(S) <= k
-    return splincol_feasible(S, k)
+        return np.count_nonzero(S) <= spec[1]
+    if kind == "rowcol":
+        return rowcol_feasible(S, spec[1], spec[2])
+    return splincol_feasible(S, spec[1])
