@@ -15,9 +15,11 @@ one-point cluster may not follow it), so the history never increases (up to
 the rounding of the assignment in the operator's precision).
 
 A *fitter* supplies the structure: ``initial(U, rng)`` gives a state,
-``refit(U, weights, state, max_iter)`` a new state and its weighted error
-``||W(U - V)||_F^2``, ``operator(state, dtype, previous, mean)`` the
-:class:`~qkm.operator.CentroidOperator`, and ``dense(state)`` the float64 V.
+``refit(U, weights, state, max_iter)`` a new state, its weighted error
+``||W(U - V)||_F^2`` and that of the given state (the guard compares them:
+no dense ``V`` is formed here), ``operator(state, dtype, previous, mean)`` the
+:class:`~qkm.operator.CentroidOperator`, and ``describe(state)`` a dict for
+the log.
 
 Centring. With a ``mean`` ``mu`` the centroids are ``mu + V``: the fitter only
 ever sees centred means ``U - mu`` (the structure is spent on what the
@@ -32,11 +34,6 @@ import numpy as np
 from ._stopping import IterationLog
 
 __all__ = ["factored_lloyd"]
-
-
-def _weighted_sq_error(U, V, weights):
-    diff = (U - V) * weights[:, None]
-    return float(np.einsum("ij,ij->", diff, diff))
 
 
 def factored_lloyd(data, centers_init, fitter, *, max_iter, tol, rng, polish_iter, log=None, mean=None):
@@ -82,7 +79,6 @@ def factored_lloyd(data, centers_init, fitter, *, max_iter, tol, rng, polish_ite
     t0 = time.perf_counter()
     state = fitter.initial(centred(np.asarray(centers_init, dtype=np.float64)), rng)
     operator = fitter.operator(state, data.dtype, None, mean)
-    V = fitter.dense(state)
     log.record(-1, step="init", objective=None, seconds=time.perf_counter() - t0, **fitter.describe(state))
 
     labels = np.zeros(n, dtype=np.int32)
@@ -99,14 +95,16 @@ def factored_lloyd(data, centers_init, fitter, *, max_iter, tol, rng, polish_ite
         data.assign(operator, labels, partial)
         return float(data.sq_distances(partial).sum())
 
+    tried = {}
+
     def attempt(U, max_palm):
         """A guarded refit to the means ``U``: ``(objective, kept, new state or None, before, after)``."""
-        U64 = U.astype(np.float64)
+        U64 = np.asarray(U, dtype=np.float64)
         weights = np.sqrt(counts.astype(np.float64))
         within = x_sq_total - float(counts @ np.einsum("ij,ij->i", U64, U64))
-        Uc = centred(U64)
-        before = _weighted_sq_error(Uc, V, weights)
-        new_state, after = fitter.refit(Uc, weights, state, max_palm)
+        new_state, after, before = fitter.refit(centred(U64), weights, state, max_palm)
+        tried.clear()
+        tried.update(fitter.describe(new_state))    # what ran, kept or not (e.g. the columns path)
         kept = after <= before
         return within + min(after, before), kept, new_state if kept else None, before, after
 
@@ -117,7 +115,7 @@ def factored_lloyd(data, centers_init, fitter, *, max_iter, tol, rng, polish_ite
         structure cannot follow that point well enough to lower the objective
         (a one-point cluster weighs little in the fit): then it stays empty.
         """
-        nonlocal U, state, operator, V, means_of
+        nonlocal U, state, operator, means_of
         U_prev = U
         U, _, _, relocated = data.update(labels, U_prev, lambda: data.sq_distances(partial), means_of, counts=counts)
         result = attempt(U, max_palm)
@@ -129,7 +127,6 @@ def factored_lloyd(data, centers_init, fitter, *, max_iter, tol, rng, polish_ite
         if kept:
             state = new_state
             operator = fitter.operator(state, data.dtype, operator, mean)
-            V = fitter.dense(state)
         return objective, kept, relocated, before, after
 
     for it in range(max_iter):
@@ -147,7 +144,7 @@ def factored_lloyd(data, centers_init, fitter, *, max_iter, tol, rng, polish_ite
         obj_refit, kept, relocated, before, after = refit(obj_assign, fitter.warm_iter)
         history.append(obj_refit)
         log.record(it, step="refit", objective=obj_refit, kept=kept, relocated=relocated,
-                   seconds=time.perf_counter() - t1)
+                   seconds=time.perf_counter() - t1, **tried)
         converged = objective_prev - obj_refit <= tol * obj_refit
         objective_prev = obj_refit
         if converged:
@@ -158,7 +155,7 @@ def factored_lloyd(data, centers_init, fitter, *, max_iter, tol, rng, polish_ite
         obj_polish, kept, relocated, _, _ = refit(history[-1], polish_iter)
         history.append(obj_polish)
         log.record(n_iter - 1, step="polish", objective=obj_polish, kept=kept, relocated=relocated,
-                   seconds=time.perf_counter() - t1)
+                   seconds=time.perf_counter() - t1, **tried)
     t1 = time.perf_counter()
     inertia = assign()
     history.append(inertia)

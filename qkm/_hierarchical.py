@@ -24,20 +24,24 @@ def residual_budget(level, s, n_inner, n_cols):
 
 
 def hierarchical(T, w, n_factors, s, max_iter_split, max_iter_global, max_iter_final, tol, residual="sp",
-                 solver=None, factor_proj=None, last_proj=None):
+                 solver=None, factor_proj=None, last_proj=None, n_cols=None):
     """Le Magoarou & Gribonval's hierarchical factorisation; returns a :class:`PalmState`.
 
     ``solver(WT, w, S, lam, projs, max_iter, tol, monotone)`` runs the splits and
     the global refits (default :func:`qkm._palm.palm`); ``factor_proj`` is the
     constraint of the split-off factors (default ``("splincol", s)``) and
     ``last_proj`` that of the last residual, the last factor (default the same).
+    ``n_cols`` is the width of the full problem when ``T`` holds only its active
+    columns (:mod:`qkm._columns`): the inner size ``A`` and the residual budgets
+    are those of the full shapes.
     """
     solver = palm if solver is None else solver
     fproj = ("splincol", s) if factor_proj is None else factor_proj
     lproj = fproj if last_proj is None else last_proj
     K, D = T.shape
+    n_cols = D if n_cols is None else n_cols
     WT = T if w is None else w[:, None] * T
-    shapes = chain_shapes(K, D, n_factors)
+    shapes = chain_shapes(K, n_cols, n_factors)
     if n_factors == 1:
         S = [project(lproj, T)]
         return solver(WT, w, S, 1.0, [lproj], max(max_iter_global, max_iter_final), tol, True)
@@ -49,7 +53,7 @@ def hierarchical(T, w, n_factors, s, max_iter_split, max_iter_global, max_iter_f
         if last:
             rcons = lproj
         elif residual == "sp":
-            rcons = ("sp", residual_budget(level, s, A, D))
+            rcons = ("sp", residual_budget(level, s, A, n_cols))
         else:
             rcons = ("splincol", max(s, A >> level))
         r0, r1 = shapes[level - 1]

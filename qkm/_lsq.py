@@ -41,13 +41,14 @@ import scipy.linalg
 from numba import njit
 
 from ._kernels import _JIT
+from ._columns import ColumnMap
 from ._ols import ols_support
 from ._hierarchical import hierarchical
 from ._palm import LIPSCHITZ_MARGIN, PalmState, _Sweeper, _sq, chain_shapes
 from ._palm_products import SweepMatrix
 from ._projections import is_feasible, project
 
-__all__ = ["LsqSweeper", "factor_budgets", "factorize", "lsq_palm"]
+__all__ = ["LsqSweeper", "factor_budgets", "factorize", "lsq_palm", "lsq_refit"]
 
 #: Proximal weight relative to the largest diagonal entry of the normal matrix.
 PROX_REL = 1e-10
@@ -322,7 +323,7 @@ def lsq_palm(WT, w, S, lam, projs, max_iter, tol, support_iter):
     if lam == 0.0:
         pp = _sq(WPt)
         lam = float(np.vdot(WTt, WPt)) / pp if pp > 0.0 else 0.0
-    f = _sq(WTt - lam * WPt)
+    f = f0 = _sq(WTt - lam * WPt)
     history = []
     for it in range(max_iter):
         if lam == 0.0 or f == 0.0:
@@ -336,7 +337,33 @@ def lsq_palm(WT, w, S, lam, projs, max_iter, tol, support_iter):
         history.append(f)
         if abs(f_prev - f) < tol * f_prev:
             break
-    return PalmState(S, lam, f, history, len(history), sw.n_certified, sw.n_support_changes, sw.n_support_rejected)
+    return PalmState(S, lam, f, history, len(history), sw.n_certified, sw.n_support_changes, sw.n_support_rejected,
+                     f0, "dense", WT.shape[1])
+
+
+def lsq_refit(T, w, S, lam, projs, max_iter, tol, support_iter, columns="auto"):
+    """:func:`lsq_palm` on ``W T`` (``T`` unweighted, ndarray or CSR) run on the active columns.
+
+    The active columns are those where ``T`` or the last factor ``S[-1]``
+    (ndarray or CSR) is nonzero (:class:`qkm._columns.ColumnMap`; ``columns``
+    forces "columns" or "dense"). The returned state's last factor is CSR when
+    the compressed path ran; ``path``, ``n_columns`` and ``start_objective``
+    (``f`` of the start) say what ran.
+    """
+    cmap = ColumnMap.of(T, S[-1], mode=columns)
+    Tc = cmap.take(T)
+    WT = Tc if w is None else w[:, None] * Tc
+    del Tc
+    S = list(S)
+    S[-1] = cmap.take(S[-1])
+    state = lsq_palm(WT, w, S, lam, projs, max_iter, tol, support_iter)
+    return _put_back(state, cmap)
+
+
+def _put_back(state, cmap):
+    state.factors[-1] = cmap.put(state.factors[-1])
+    state.path, state.n_columns = cmap.path, cmap.n_active
+    return state
 
 
 def factor_budgets(shapes, s):
@@ -356,10 +383,17 @@ def factor_budgets(shapes, s):
 HIERARCHICAL_SWEEPS = (30, 30, 100)
 
 
-def factorize(T, w, n_factors, s, max_iter, tol):
-    """Hierarchical palm4MSA (``splincol(s)``), then ``max_iter`` least-squares sweeps within :func:`factor_budgets`."""
+def factorize(T, w, n_factors, s, max_iter, tol, columns="auto"):
+    """Hierarchical palm4MSA (``splincol(s)``), then ``max_iter`` least-squares sweeps within :func:`factor_budgets`.
+
+    ``T`` (ndarray or CSR) is factorised on its nonzero columns when they are
+    few enough (see :func:`lsq_refit`; the last factor is then CSR).
+    """
     K, D = T.shape
-    first = hierarchical(T, w, n_factors, s, *HIERARCHICAL_SWEEPS, tol)
-    WT = T if w is None else w[:, None] * T
+    cmap = ColumnMap.of(T, mode=columns)
+    Tc = cmap.take(T)
+    first = hierarchical(Tc, w, n_factors, s, *HIERARCHICAL_SWEEPS, tol, n_cols=D)
+    WT = Tc if w is None else w[:, None] * Tc
     budgets = factor_budgets(chain_shapes(K, D, n_factors), s)
-    return lsq_palm(WT, w, list(first.factors), first.lam, budgets, max_iter, tol, max_iter)
+    state = lsq_palm(WT, w, list(first.factors), first.lam, budgets, max_iter, tol, max_iter)
+    return _put_back(state, cmap)

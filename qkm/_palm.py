@@ -101,6 +101,9 @@ class PalmState:
     n_certified: int = 0      # steps that needed the exact (eigvalsh) Lipschitz constant
     n_restricted: int = 0     # splincol steps that did not decrease f, redone on the old support
     n_rejected: int = 0       # steps where even that did not decrease f (factor kept)
+    start_objective: float = float("nan")   # f at the start (least-squares sweeps)
+    path: str = "dense"       # "columns": run on the active columns only (qkm._columns)
+    n_columns: int = 0        # columns the sweeps ran on
 
 
 @functools.lru_cache(maxsize=64)

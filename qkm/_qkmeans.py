@@ -10,6 +10,7 @@ centroid operator: a product of sparse factors fitted by palm4MSA
 import math
 
 import numpy as np
+import scipy.sparse as sp
 from sklearn.utils import check_random_state
 
 from ._base import (OperatorClusterMixin, check_init, check_nonnegative_float, check_verbose, initial_centers,
@@ -21,7 +22,7 @@ from ._threads import effective_n_threads, numba_threads
 from ._validation import check_data
 from ._chain_calibration import ChainCalibration
 from .operator import FactorChainOperator
-from ._lsq import factor_budgets, factorize, lsq_palm
+from ._lsq import factor_budgets, factorize, lsq_refit
 from ._palm import chain_shapes
 
 __all__ = ["QKMeans", "LowRankKMeans", "default_n_factors"]
@@ -36,6 +37,11 @@ def default_n_factors(n_clusters, n_features):
     9
     """
     return max(1, int(math.floor(math.log2(max(n_clusters, n_features, 1)))))
+
+
+def _weighted_sq_error(U, V, weights):
+    diff = (U - V) * weights[:, None]
+    return float(np.einsum("ij,ij->", diff, diff))
 
 
 def _training_operator(factors, dtype, previous, mean=None):
@@ -82,12 +88,9 @@ class _ChainFitter:
         return factorize(U, weights, self.n_factors, self.sparsity_level, self.INIT_SWEEPS, self.tol)
 
     def refit(self, U, weights, state, max_iter):
-        state = lsq_palm(weights[:, None] * U, weights, list(state.factors), state.lam, self.budgets, max_iter,
-                         self.tol, max_iter)
-        return state, state.objective
-
-    def dense(self, state):
-        return state.lam * _product(state.factors)
+        # on the active columns of U and of the last factor only (qkm._columns): no K x D weighted copy
+        state = lsq_refit(U, weights, list(state.factors), state.lam, self.budgets, max_iter, self.tol, max_iter)
+        return state, state.objective, state.start_objective
 
     def factors(self, state):
         """Factors with the scale folded into the first one."""
@@ -97,14 +100,12 @@ class _ChainFitter:
         return _training_operator(self.factors(state), dtype, previous, mean)
 
     def describe(self, state):
-        return {"nnz": int(sum(np.count_nonzero(f) for f in state.factors))}
+        return {"nnz": int(sum(_count_nonzero(f) for f in state.factors)), "columns": state.path,
+                "n_columns": int(state.n_columns)}
 
 
-def _product(factors):
-    out = factors[-1]
-    for f in reversed(factors[:-1]):
-        out = f @ out
-    return out
+def _count_nonzero(f):
+    return int(np.count_nonzero(f.data)) if sp.issparse(f) else int(np.count_nonzero(f))
 
 
 class _LowRankFitter:
@@ -131,11 +132,8 @@ class _LowRankFitter:
 
     def refit(self, U, weights, state, max_iter):
         P, Q = self._fit(U, weights)
-        diff = (U - P @ Q) * weights[:, None]
-        return (P, Q), float(np.einsum("ij,ij->", diff, diff))
-
-    def dense(self, state):
-        return state[0] @ state[1]
+        before = np.inf if state is None else _weighted_sq_error(U, state[0] @ state[1], weights)
+        return (P, Q), _weighted_sq_error(U, P @ Q, weights), before
 
     def factors(self, state):
         return [state[0], state[1]]

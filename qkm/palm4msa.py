@@ -21,6 +21,7 @@ non-increasing) are in :mod:`qkm._palm`.
 from dataclasses import dataclass, field
 
 import numpy as np
+import scipy.sparse as sp
 
 from . import _hierarchical, _lsq, _palm, _projections
 from ._validation import check_float, check_int, check_matrix, check_weights
@@ -135,7 +136,7 @@ def project_splincol(Z, s):
 
 
 def _result(state):
-    return PalmResult([np.ascontiguousarray(f) for f in state.factors], float(state.lam), float(state.objective),
+    return PalmResult([f.toarray() if sp.issparse(f) else np.ascontiguousarray(f) for f in state.factors], float(state.lam), float(state.objective),
                       int(state.n_iter), [float(h) for h in state.history])
 
 

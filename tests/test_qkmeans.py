@@ -165,7 +165,7 @@ def test_lowrank_rank_and_weighted_optimality(blobs):
     rng = np.random.RandomState(0)
     U = rng.rand(6, 12)
     w = rng.rand(6) + 0.1
-    (P, Q), err = _LowRankFitter(2).refit(U, w, None, 1)
+    (P, Q), err, _ = _LowRankFitter(2).refit(U, w, None, 1)
     for _ in range(20):
         V = (P + 0.01 * rng.randn(*P.shape)) @ (Q + 0.01 * rng.randn(*Q.shape))
         assert err <= float((((U - V) * w[:, None]) ** 2).sum()) + 1e-12
