@@ -58,18 +58,21 @@ def _tree_set(tree_v, tree_i, P, j, gain):
 
 
 @njit(inline="always", **_JIT)
-def _best_atom(G, c, s, mask, j, scale):
-    """(gain, atom) of the best atom to add to column ``j`` (gain 0, atom -1 if none)."""
+def _best_atom(G, c, s, taken, scale):
+    """(gain, atom) of the best atom to add to one column (gain 0, atom -1 if none).
+
+    ``c``, ``s``, ``taken`` are that column's contiguous rows of the transposed state.
+    """
     best = 0.0
     atom = -1
     for i in range(c.shape[0]):
-        if mask[i, j]:
+        if taken[i]:
             continue
         d = G[i, i]
-        si = s[i, j]
+        si = s[i]
         if d <= 0.0 or si <= DEPENDENT_REL * d:
             continue
-        gain = scale * c[i, j] * c[i, j] / si
+        gain = scale * c[i] * c[i] / si
         if gain > best:
             best = gain
             atom = i
@@ -86,16 +89,20 @@ def ols_support(
 ):
     """Greedy OLS with one budget over all columns; returns the number of values selected."""
     a, n = g.shape
+    # per-column state stored transposed, (n, a): a column's atoms are contiguous (the greedy steps visit
+    # one column at a time; the (a, n) layout cost a cache miss per atom and step on wide factors)
+    c = np.zeros((n, a))
+    s = np.empty((n, a))
+    taken = np.zeros((n, a), dtype=np.bool_)
     for i in range(a):
         for j in range(n):
             mask[i, j] = False
-    c = np.zeros((a, n))
-    s = np.empty((a, n))
-    for j in range(n):
-        inv = 1.0 / scale[j] if scale[j] > 0.0 else 0.0
-        for i in range(a):
-            c[i, j] = g[i, j] * inv
-            s[i, j] = G[i, i]
+    for i in range(a):
+        gi = G[i, i]
+        for j in range(n):
+            inv = 1.0 / scale[j] if scale[j] > 0.0 else 0.0
+            c[j, i] = g[i, j] * inv
+            s[j, i] = gi
     budget = max(0, min(budget, a * n))
     pool = np.empty((max(budget, 1), a))          # the Gram-Schmidt directions, in "atom" coordinates
     nxt = np.full(max(budget, 1), -1, dtype=np.int64)
@@ -107,16 +114,18 @@ def ols_support(
     tree_i = np.zeros(2 * P, dtype=np.int64)
     atom_of = np.full(n, -1, dtype=np.int64)
     for j in range(n):
-        gain, atom = _best_atom(G, c, s, mask, j, scale[j])
+        gain, atom = _best_atom(G, c[j], s[j], taken[j], scale[j])
         atom_of[j] = atom
         _tree_set(tree_v, tree_i, P, j, gain if atom >= 0 else -1.0)
-    taken = 0
+    n_taken = 0
     for step in range(budget):
         if tree_v[1] <= 0.0:
             break
         j = tree_i[1]
         p = atom_of[j]
-        r = math.sqrt(s[p, j])
+        cj = c[j]
+        sj = s[j]
+        r = math.sqrt(sj[p])
         u = pool[step]
         for i in range(a):
             u[i] = G[i, p]
@@ -126,16 +135,17 @@ def ols_support(
             for i in range(a):
                 u[i] -= pool[k, i] * up
             k = nxt[k]
-        cp = c[p, j] / r
+        cp = cj[p] / r
         for i in range(a):
             u[i] /= r
-            c[i, j] -= u[i] * cp
-            s[i, j] -= u[i] * u[i]
+            cj[i] -= u[i] * cp
+            sj[i] -= u[i] * u[i]
+        taken[j, p] = True
         mask[p, j] = True
         nxt[step] = head[j]
         head[j] = step
-        taken += 1
-        gain, atom = _best_atom(G, c, s, mask, j, scale[j])
+        n_taken += 1
+        gain, atom = _best_atom(G, cj, sj, taken[j], scale[j])
         atom_of[j] = atom
         _tree_set(tree_v, tree_i, P, j, gain if atom >= 0 else -1.0)
-    return taken
+    return n_taken
