@@ -101,6 +101,7 @@ def test_sparse_input_gives_the_same_model(blobs):
     np.testing.assert_allclose(a.cluster_centers_, b.cluster_centers_, rtol=1e-8, atol=1e-10)
 
 
+@pytest.mark.needs_threads(2)
 def test_reproducible_and_thread_invariant(blobs):
     from threadpoolctl import threadpool_limits
 
