@@ -52,7 +52,7 @@ class ModelFormatError(ValueError):
 
 
 def header_checksum(header):
-    """Content checksum of a version-3 header: SHA-256 of its canonical JSON without the ``checksum`` field.
+    """Content checksum of a version-3 or -4 header: SHA-256 of its canonical JSON without the ``checksum`` field.
 
     The header lists the SHA-256 of every array, so this one value covers the
     arrays, the metadata and the parts.
