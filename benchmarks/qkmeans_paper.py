@@ -59,8 +59,10 @@ REFERENCE = [
          source="issue 17, lucgiffon/qkmeans run"),
     dict(dataset="fashion-mnist", K=64, s=5, ratio=1.0579, nnz=7401, ami=0.4877, kmeans_ami=0.4910, cpu=1231.0,
          source="issue 17, lucgiffon/qkmeans run (paper Table 3: 1.0582)"),
-    dict(dataset="coil20", K=32, s=None, ratio=1.661e4 / 1.332e4, nnz=None, ami=None, kmeans_ami=None, cpu=None,
-         source="paper Table 3 (1.661e4 / 1.332e4)"),
+    dict(dataset="coil20", K=64, s=5, ratio=1.661e4 / 1.332e4, nnz=None, ami=None, kmeans_ami=None, cpu=None,
+         source="paper Table 3 (1.661e4 / 1.332e4; '32' there is the 32 x 32 image size; s = 5 as its caption and "
+                "the Fashion-MNIST cell say; K = 64 as its Table 4; its 964-row training split; nnz not given: "
+                "its s = 3 model has 5,585)"),
 ]
 
 
@@ -234,10 +236,14 @@ def goals(summary, defaults):
     if f5:
         out += [("Fashion-MNIST K=64 s=5: <= 7,400 values and objective <= 1.05 x K-means (reference 1.0579)",
                  f"{f5['values']:.0f} values, {f5['ratio']:.4f}", f5["values"] <= 7400 and f5["ratio"] <= 1.05)]
-    c = cell("coil20", 32, "qkmeans s=3")
-    if c:
-        out.append(("COIL-20 K=32 at the paper's sparsity level (s=3): objective below the paper's 1.247 x K-means",
-                    f"{c['ratio']:.4f} at {32 * 1024 / c['values']:.1f}x compression", c["ratio"] < 1.247))
+    # the paper's Table 3 COIL-20 cell is s = 5, K = 64 (see REFERENCE); the issue read it as K = 32: both shown
+    for K, s, note in ((64, 5, "Table 3's setting"), (64, 3, "more compressed than Table 3's s = 5"),
+                       (32, 3, "the issue's reading, K = 32")):
+        c = cell("coil20", K, f"qkmeans s={s}")
+        if c:
+            out.append((f"COIL-20 K={K} s={s} ({note}): objective below the paper's 1.247 x K-means",
+                        f"{c['ratio']:.4f} at {c['values']:.0f} values, {K * 1024 / c['values']:.1f}x compression",
+                        c["ratio"] < 1.247))
     for s3 in sorted({d["s"] for d in defaults}):
         ds = [d for d in defaults if d["s"] == s3]
         ratio, ami, cpu_ratio = (_mean([d[k] for d in ds]) for k in ("ratio", "ami", "cpu_ratio"))

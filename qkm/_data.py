@@ -91,7 +91,7 @@ class KMeansData:
         self._ct_buffer = None
 
     def column_mean(self):
-        """The mean row in float64, summed in the fixed block-tree order (:mod:`qkm._reduce`): the same bits for dense and CSR data."""
+        """The mean row in float64, summed in the block-tree order of :mod:`qkm._reduce` (dense and CSR: same bits)."""
         n_lev = _reduce.n_levels(self.n_samples, self.block_rows, self.row0)
         return _reduce.column_sums_node(self.X, self.row0, self.block_rows, n_lev) / max(self.n_samples, 1)
 
