@@ -11,7 +11,7 @@ OUT := demo_out
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q -e '.[dev,distributed]'
 	touch $@
 
 demo: $(VENV)/.installed

@@ -19,8 +19,13 @@ What it does:
    * ``binary-256``: 256 rows per request, raw little-endian float32 with
      ``X-Shape: 256,784`` (802,816-byte bodies).
 
-   The first answer of each scenario is checked against in-process ``predict``.
-4. Stops the server with SIGTERM (it must exit with status 0).
+   The first answer of each scenario is checked against in-process ``predict``. Past
+   ``max_in_flight`` (64 by default) the server refuses with 503 + ``Retry-After``; the
+   generator counts those answers apart, and a refused user waits the ``Retry-After``
+   seconds before its next request, as a well-behaved client does (``--no-retry-after``:
+   it retries at once). Every request must get a status: a connection error is a lost request.
+4. Checks the server still answers (``/readyz``), then stops it with SIGTERM (it must exit
+   with status 0).
 5. Runs the same load against ``baseline``, a bare ASGI app on the same uvicorn
    that reads the body and answers ``{}`` (``--no-baseline`` skips it): the
    floor of the HTTP stack on this machine at that moment, to tell the cost of
@@ -175,17 +180,30 @@ def http_request(path, body, content_type, extra_headers=""):
     return head.encode() + body
 
 
+def _header(lower_head, name):
+    i = lower_head.find(b"\r\n" + name + b":")
+    if i < 0:
+        return None
+    i += len(name) + 3
+    return lower_head[i:lower_head.index(b"\r\n", i)].strip()
+
+
 async def read_response(reader):
+    """``(status, body, Retry-After seconds or None)`` of one response."""
     head = await reader.readuntil(b"\r\n\r\n")
     status = int(head[9:12])
     lower = head.lower()
-    i = lower.index(b"content-length:") + 15
-    length = int(lower[i:lower.index(b"\r\n", i)])
-    return status, await reader.readexactly(length)
+    length = int(_header(lower, b"content-length"))
+    retry_after = _header(lower, b"retry-after")
+    return status, await reader.readexactly(length), float(retry_after) if retry_after else None
 
 
-async def closed_loop(port, requests, concurrency, warmup, duration):
-    """Latencies (s), status counts and transport errors over the recorded window, and all answers (warm-up too)."""
+async def closed_loop(port, requests, concurrency, warmup, duration, honour_retry_after=True):
+    """Latencies (s), status counts and transport errors over the recorded window, and all answers (warm-up too).
+
+    A user refused with 503 waits the ``Retry-After`` seconds before its next request, as a well-behaved
+    client does (``honour_retry_after=False``: it retries at once).
+    """
     loop = asyncio.get_running_loop()
     start = loop.time()
     record_from, stop_at = start + warmup, start + warmup + duration
@@ -202,7 +220,7 @@ async def closed_loop(port, requests, concurrency, warmup, duration):
                 t0 = time.perf_counter()
                 writer.write(requests[i % len(requests)])
                 i += concurrency
-                status, _ = await read_response(reader)
+                status, _, retry_after = await read_response(reader)
                 t1 = time.perf_counter()
                 answered[0] += 1
                 answered[1] += status == 200
@@ -214,13 +232,16 @@ async def closed_loop(port, requests, concurrency, warmup, duration):
                 reader = writer = None
                 continue
             if loop.time() >= record_from:
-                latencies.append(t1 - t0)
+                latencies.append((t1 - t0, status))
                 statuses[status] = statuses.get(status, 0) + 1
+            if status == 503 and retry_after and honour_retry_after:
+                await asyncio.sleep(min(retry_after, max(stop_at - loop.time(), 0.0)))
         if writer is not None:
             writer.close()
 
     await asyncio.gather(*(user(j) for j in range(concurrency)))
-    return np.array(latencies), statuses, errors, answered
+    lat = np.array([t for t, _ in latencies])
+    return lat, np.array([status for _, status in latencies]), statuses, errors, answered
 
 
 def check_first_answer(url, scenario, requests_payload, expected):
@@ -253,6 +274,8 @@ def main():
     p.add_argument("--cache-dir", default=str(REPO / "benchmarks" / ".cache"))
     p.add_argument("--no-baseline", dest="baseline", action="store_false",
                    help="skip the bare-ASGI baseline on the same uvicorn (the floor of the HTTP stack)")
+    p.add_argument("--no-retry-after", dest="retry_after", action="store_false",
+                   help="refused (503) users retry at once instead of waiting the Retry-After seconds")
     p.add_argument("--out", default=None, help="write <out>.json and <out>.md")
     args = p.parse_args()
     levels = [int(v) for v in args.concurrency.split(",")]
@@ -277,6 +300,7 @@ def main():
     requests = {scenario: [http_request("/assign", body, ct, "".join(f"{k}: {v}\r\n" for k, v in h.items()))
                            for body, ct, h in payloads[scenario]] for scenario in args.scenarios.split(",")}
     log_path = Path(args.cache_dir) / "serve_load_server.log"
+    load_at_start = [round(v, 2) for v in os.getloadavg()]
     port = free_port()
     proc, url, cmd = start_server(model_path, port, args.workers, args.backend, server_cpus, log_path)
     results = []
@@ -286,6 +310,8 @@ def main():
             for c in levels:
                 results.append(measure("qkm serve", proc, port, url if args.workers == 1 else None, scenario,
                                        rows_per_request[scenario], reqs, c, args))
+        with urllib.request.urlopen(url + "/readyz", timeout=10) as r:  # still serving after the load
+            alive = r.status == 200
     finally:
         exit_code = stop(proc)
     baseline_cmd = None
@@ -299,7 +325,8 @@ def main():
                                            reqs, c, args))
         finally:
             stop(proc)
-    report(args, cmd, baseline_cmd, model, results, exit_code)
+    report(args, cmd, baseline_cmd, model, results, {"exit_code": exit_code, "ready_after_load": alive,
+                                                     "load_average_at_start": load_at_start})
 
 
 def stop(proc):
@@ -317,18 +344,21 @@ def measure(server, proc, port, metrics_url, scenario, rows, reqs, c, args):
     cpu0 = process_tree_cpu_seconds(proc.pid)
     served0 = scrape_2xx(metrics_url) if metrics_url else None
     ru0 = resource.getrusage(resource.RUSAGE_SELF)
-    lat, statuses, errors, (answered, answered_ok) = asyncio.run(closed_loop(port, reqs, c, args.warmup,
-                                                                             args.duration))
+    lat, lat_status, statuses, errors, (answered, answered_ok) = asyncio.run(closed_loop(port, reqs, c, args.warmup,
+                                                                             args.duration, args.retry_after))
     ru1 = resource.getrusage(resource.RUSAGE_SELF)
     cpu1 = process_tree_cpu_seconds(proc.pid)
     n, ok = len(lat), statuses.get(200, 0)
     row = {
         "server": server, "scenario": scenario, "concurrency": c, "rows_per_request": rows,
-        "requests": n, "requests_per_s": n / args.duration, "rows_per_s": ok / args.duration * rows,
+        "requests": n, "requests_per_s": n / args.duration, "ok_per_s": ok / args.duration,
+        "rows_per_s": ok / args.duration * rows,
         "p50_ms": float(np.percentile(lat, 50) * 1e3) if n else None,
         "p99_ms": float(np.percentile(lat, 99) * 1e3) if n else None,
         "max_ms": float(lat.max() * 1e3) if n else None,
-        "non_200": n - ok, "status_5xx": sum(v for k, v in statuses.items() if k >= 500),
+        "p99_ok_ms": float(np.percentile(lat[lat_status == 200], 99) * 1e3) if ok else None,
+        "non_200": n - ok, "status_503": statuses.get(503, 0),
+        "status_5xx_not_503": sum(v for k, v in statuses.items() if k >= 500 and k != 503),
         "transport_errors": len(errors), "statuses": {str(k): v for k, v in statuses.items()},
         "server_cpu_ms_per_request": (cpu1 - cpu0) * 1e3 / max(answered, 1),
         "client_cpu_ms_per_request": ((ru1.ru_utime + ru1.ru_stime) - (ru0.ru_utime + ru0.ru_stime))
@@ -337,10 +367,10 @@ def measure(server, proc, port, metrics_url, scenario, rows, reqs, c, args):
         # /metrics must count what the client got (with one worker it sees every request)
         "metrics_2xx_match_client": (scrape_2xx(metrics_url) - served0 == answered_ok) if metrics_url else None,
     }
-    row["errors"] = row["non_200"] + row["transport_errors"]
-    print(f"{server:9s} {scenario:10s} c={c:2d}: {row['requests_per_s']:8.1f} req/s {row['rows_per_s']:10.0f} rows/s "
-          f"p50 {row['p50_ms']:7.2f} ms p99 {row['p99_ms']:7.2f} ms errors {row['errors']} "
-          f"(5xx {row['status_5xx']}) server CPU {row['server_cpu_ms_per_request']:.3f} ms/req"
+    row["errors"] = row["non_200"] - row["status_503"] + row["transport_errors"]  # 503 is the overload answer
+    print(f"{server:9s} {scenario:10s} c={c:3d}: {row['requests_per_s']:8.1f} req/s {row['rows_per_s']:10.0f} rows/s "
+          f"p50 {row['p50_ms']:7.2f} ms p99 {row['p99_ms']:7.2f} ms 503s {row['status_503']} errors {row['errors']} "
+          f"(lost {row['transport_errors']}) server CPU {row['server_cpu_ms_per_request']:.3f} ms/req"
           f"{'' if row['metrics_2xx_match_client'] is not False else ' /metrics MISMATCH'}", flush=True)
     return row
 
@@ -360,9 +390,13 @@ def verdicts(results):
                     f"{best['rows_per_s']:,.0f} rows/s at c={best['concurrency']} "
                     f"({min(r['rows_per_s'] for r in binary):,.0f} at the worst level)",
                     best["rows_per_s"] >= GOALS["rows_per_s_binary256"]))
+    lost = sum(r["transport_errors"] for r in results)
+    out.append(("nothing lost: every request answered with a status", f"{lost} connection errors", lost == 0))
     errors = sum(r["errors"] for r in results)
-    out.append(("zero errors and zero 5xx at every level", f"{errors} errors, "
-                f"{sum(r['status_5xx'] for r in results)} 5xx", errors == 0))
+    out.append(("no answer but 200 and 503 (overload, Retry-After); no 500",
+                f"{errors} other answers, {sum(r['status_5xx_not_503'] for r in results)} 5xx other than 503, "
+                f"503s per level: " + ", ".join(f"{r['scenario']} c={r['concurrency']}: {r['status_503']}"
+                                                for r in results), errors == 0))
     return out
 
 
@@ -371,11 +405,13 @@ def _shown(cmd):
     return " ".join(str(part).replace(str(REPO) + os.sep, "") for part in cmd)
 
 
-def report(args, cmd, baseline_cmd, model, results, exit_code):
+def report(args, cmd, baseline_cmd, model, results, status):
     import qkm
 
+    exit_code = status["exit_code"]
     env = {"python": platform.python_version(), "numpy": np.__version__, "qkm": qkm.__version__,
            "machine": platform.machine(), "cpus": os.cpu_count(),
+           "load_average_at_start": status["load_average_at_start"],
            "load_average_at_end": [round(v, 2) for v in os.getloadavg()]}
     try:
         import fastapi
@@ -389,6 +425,7 @@ def report(args, cmd, baseline_cmd, model, results, exit_code):
     payload = {"command": _shown(sys.argv), "server_command": _shown(cmd),
                "baseline_command": _shown(baseline_cmd) if baseline_cmd else None, "args": vars(args),
                "environment": env, "model": model_info, "results": results, "server_exit_code": exit_code,
+               "server_ready_after_load": status["ready_after_load"],
                "goals": [{"goal": g, "measured": m, "met": ok} for g, m, ok in goals]}
     print(f"qkm serve exit status after SIGTERM: {exit_code}")
     for g, m, ok in goals:
@@ -402,7 +439,7 @@ def report(args, cmd, baseline_cmd, model, results, exit_code):
         "",
         "Produced by `benchmarks/serve_load.py`; rerun with:",
         "",
-        f"    .venv/bin/python benchmarks/serve_load.py --out {args.out}",
+        f"    .venv/bin/python {_shown(sys.argv)}",
         "",
         f"Model: Fashion-MNIST QK-means, K={model_info['n_clusters']}, D={model_info['n_features']}, "
         f"nnz={model_info['nnz']} ({model_info['compression']:.1f}x smaller than dense), float32, "
@@ -410,23 +447,26 @@ def report(args, cmd, baseline_cmd, model, results, exit_code):
         f"CPU {args.server_cpus or 'any'}. Load generator (this script: asyncio, raw HTTP/1.1 keep-alive, "
         f"pre-encoded requests) pinned to CPU {args.client_cpus or 'any'}: on this {os.cpu_count()}-core "
         f"machine they share the cores with each other and with whatever else runs. Closed loop: `c` "
-        f"connections, each sending its next request when the previous answer arrives; {args.warmup:g} s "
+        f"connections, each sending its next request when the previous answer arrives "
+        f"({'after the Retry-After seconds of a 503' if args.retry_after else 'at once, even after a 503'}); "
+        f"{args.warmup:g} s "
         f"unrecorded, then {args.duration:g} s recorded per level. `baseline` is a bare ASGI app on the same "
         f"uvicorn (reads the body, answers `{{}}`): the floor of the HTTP stack on this machine at the same time. "
         f"Environment: {json.dumps(env)}.",
         "",
-        "| server | scenario | concurrency | requests/s | rows/s | p50 ms | p99 ms | max ms | errors | 5xx | "
-        "server CPU ms/req | generator CPU ms/req |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| server | scenario | concurrency | requests/s (all answers) | 200/s | rows/s | p50 ms | p99 ms | "
+        "p99 of 200s ms | max ms | 503 | other errors | lost | server CPU ms/req | generator CPU ms/req |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         lines.append(f"| {r['server']} | {r['scenario']} | {r['concurrency']} | {r['requests_per_s']:,.0f} | "
-                     f"{r['rows_per_s']:,.0f} | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} | {r['max_ms']:.1f} | "
-                     f"{r['errors']} | {r['status_5xx']} | {r['server_cpu_ms_per_request']:.3f} | "
-                     f"{r['client_cpu_ms_per_request']:.3f} |")
+                     f"{r['ok_per_s']:,.0f} | {r['rows_per_s']:,.0f} | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} | "
+                     f"{r['p99_ok_ms'] or float('nan'):.2f} | {r['max_ms']:.1f} | {r['status_503']} | {r['errors']} | {r['transport_errors']} | "
+                     f"{r['server_cpu_ms_per_request']:.3f} | {r['client_cpu_ms_per_request']:.3f} |")
     lines += ["", "| goal (qkm serve rows) | measured | met |", "|---|---|---|"]
     lines += [f"| {g} | {m} | {'yes' if ok else '**no**'} |" for g, m, ok in goals]
-    lines += ["", f"`qkm serve` exit status after SIGTERM: {exit_code}. With one worker, `/metrics` counted "
+    lines += ["", f"`qkm serve` answered `/readyz` after the load: {status['ready_after_load']}; its exit status "
+              f"after SIGTERM: {exit_code}. With one worker, `/metrics` counted "
               "exactly the 200 answers the generator received at every level: "
               f"{all(r['metrics_2xx_match_client'] for r in results if r['metrics_2xx_match_client'] is not None)}."]
     Path(args.out + ".md").write_text("\n".join(lines) + "\n")

@@ -2,8 +2,8 @@
 
 Layout of a model file::
 
-    header.json        {"format": "qkm-model", "format_version": 3, "kind": "kmeans" | "factor-chain",
-                        "checksum": "sha256:...",          # over all array checksums
+    header.json        {"format": "qkm-model", "format_version": 4, "kind": "kmeans" | "factor-chain",
+                        "checksum": "sha256:...",          # over the rest of this header (see below)
                         "arrays": {name: {"sha256": ..., "dtype": ..., "shape": ...}},
                         "metadata": {...},                 # K, D, nnz, algorithm, objective, ...
                         "parts": {"index": {...}, "nystroem": {...}}}   # optional
@@ -12,14 +12,24 @@ Layout of a model file::
                        optional mean (centroids = mean + product of the factors);
                        sq_norms; index.<name> and nystroem.<name> for the parts
 
+The content checksum (versions 3 and 4) is the SHA-256 of the header itself, without its
+``checksum`` field, as canonical JSON: it covers the metadata and the parts, and through
+the ``sha256`` of every array the arrays too. Versions 1 and 2 (checksum over the array
+hashes only, or none) and 3 (no mean) still load; a mean in a file older than
+version 4 is refused.
+
 Loading checks the magic, the version, every checksum and every sparse index
-and says which one failed. Writing goes through a temporary file and a rename, so a failure
-never leaves a half-written model nor touches an existing one.
+and says which one failed. Every way a file can be damaged (any byte of the zip,
+its headers included) ends in :class:`ModelFormatError` naming the file; only
+the operating system's own errors (missing file, a directory, no permission)
+pass through as they are. Writing goes through a temporary file and a rename,
+so a failure never leaves a half-written model nor touches an existing one.
 """
 
 import hashlib
 import io
 import json
+import os
 import zipfile
 
 import numpy as np
@@ -29,14 +39,33 @@ from qkm._atomic import atomic_open
 
 from ._model import Model, content_checksum, operator_arrays
 
-__all__ = ["FORMAT_VERSION", "ModelFormatError", "LoadedModel", "save_model", "load_model"]
+__all__ = ["FORMAT_VERSION", "ModelFormatError", "LoadedModel", "save_model", "load_model", "header_checksum"]
 
 FORMAT_NAME = "qkm-model"
-FORMAT_VERSION = 3  # 2: squared norms, content checksum, optional index / nystroem parts; 3: a chain's mean
+# 2: squared norms, content checksum, optional index / nystroem parts; 3: checksum over the header;
+# 4: a factor chain's optional mean (arrays/mean.npy)
+FORMAT_VERSION = 4
 
 
 class ModelFormatError(ValueError):
     """A model file is truncated, corrupted, of another kind or of a newer format."""
+
+
+def header_checksum(header):
+    """Content checksum of a version-3 or -4 header: SHA-256 of its canonical JSON without the ``checksum`` field.
+
+    The header lists the SHA-256 of every array, so this one value covers the
+    arrays, the metadata and the parts.
+
+    Examples
+    --------
+    >>> a = header_checksum({"metadata": {"objective": 1.5}, "checksum": "ignored"})
+    >>> a == header_checksum({"metadata": {"objective": 1.5}}), a == header_checksum({"metadata": {"objective": 2}})
+    (True, False)
+    """
+    rest = {key: value for key, value in header.items() if key != "checksum"}
+    canonical = json.dumps(rest, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
+    return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
 
 
 def _array_bytes(arr):
@@ -66,7 +95,7 @@ def _factors_from_arrays(arrays, n_factors, path):
 
 
 
-def _operator_from_arrays(kind, arrays, metadata, path):
+def _operator_from_arrays(kind, arrays, metadata, path, version):
     from qkm.operator import DenseOperator, FactorChainOperator
 
     if kind == "kmeans":
@@ -84,7 +113,9 @@ def _operator_from_arrays(kind, arrays, metadata, path):
         if any(f.dtype.kind != "f" or not np.all(np.isfinite(f.data)) for f in factors):
             raise ModelFormatError(f"{path}: factor values must be finite floats.")
         mean = arrays.get("mean")
-        if mean is not None and (mean.ndim != 1 or mean.dtype.kind != "f"):
+        if mean is not None and version < 4:
+            raise ModelFormatError(f"{path}: a 'mean' array in a version-{version} file (means came with version 4).")
+        if mean is not None and (mean.ndim != 1 or mean.dtype.kind != "f" or not np.all(np.isfinite(mean))):
             raise ModelFormatError(f"{path}: 'mean' is not a 1-D float array.")
         try:
             return FactorChainOperator(factors, dtype=factors[0].dtype, mean=mean)
@@ -147,23 +178,23 @@ def save_model(estimator, path, *, index=None, nystroem=None, extra_metadata=Non
         parts[part] = {"class": cls_name, "metadata": part_metadata}
     payload = {name: _array_bytes(arr) for name, arr in arrays.items()}
     hashes = {name: hashlib.sha256(blob).hexdigest() for name, blob in payload.items()}
-    model.checksum = content_checksum(hashes)
-    model.format_version = FORMAT_VERSION
     header = {
         "format": FORMAT_NAME,
         "format_version": FORMAT_VERSION,
         "qkm_version": __version__,
         "kind": kind,
-        "checksum": model.checksum,
         "arrays": {name: {"sha256": hashes[name], "dtype": str(arrays[name].dtype), "shape": list(arrays[name].shape)}
                    for name in payload},
         "metadata": model.metadata,
         "parts": parts,
     }
     try:
-        header_bytes = json.dumps(header, indent=1, sort_keys=True, allow_nan=False).encode()
+        header = json.loads(json.dumps(header, allow_nan=False))  # exactly what a reader will parse and hash
     except (TypeError, ValueError) as exc:
         raise TypeError(f"model metadata must be JSON-serialisable numbers and strings ({exc}).") from exc
+    header["checksum"] = model.checksum = header_checksum(header)
+    model.format_version = FORMAT_VERSION
+    header_bytes = json.dumps(header, indent=1, sort_keys=True).encode()
     with atomic_open(path, "wb") as f:
         with zipfile.ZipFile(f, "w", compression=zipfile.ZIP_STORED) as zf:
             zf.writestr("header.json", header_bytes)
@@ -172,21 +203,39 @@ def save_model(estimator, path, *, index=None, nystroem=None, extra_metadata=Non
     return model
 
 
-def _read_header_and_arrays(path):
+#: Compression methods of the entries a model file may hold: qkm writes stored entries; re-zipped files may deflate.
+_COMPRESSIONS = {zipfile.ZIP_STORED: 1, zipfile.ZIP_DEFLATED: 1032}  # method -> largest expansion ratio
+
+
+def _entries(zf, path, archive_size):
+    """``name -> ZipInfo`` of the archive, each entry's sizes checked against the file's size before any read."""
+    entries = {}
+    for info in zf.infolist():
+        ratio = _COMPRESSIONS.get(info.compress_type)
+        if ratio is None:
+            raise ModelFormatError(f"{path}: entry {info.filename!r} uses zip compression method "
+                                   f"{info.compress_type}; qkm model files are stored or deflated.")
+        if info.compress_size > archive_size or info.file_size > ratio * info.compress_size + 64:
+            raise ModelFormatError(f"{path}: entry {info.filename!r} claims {info.file_size} bytes in a "
+                                   f"{archive_size}-byte file: the zip directory is corrupted.")
+        entries[info.filename] = info
+    return entries
+
+
+def _read_archive(f, path):
+    """The header, arrays and array hashes of an open model file; any damage raises from the zip or npy readers."""
     try:
-        zf = zipfile.ZipFile(path)
+        zf = zipfile.ZipFile(f)
     except zipfile.BadZipFile as exc:
         raise ModelFormatError(
             f"{path}: not a qkm model file (not a zip archive: truncated, or another kind of file"
             " - a joblib artefact loads with qkm.export.load_joblib)."
         ) from exc
     with zf:
-        try:
-            header = json.loads(zf.read("header.json"))
-        except KeyError as exc:
-            raise ModelFormatError(f"{path}: not a qkm model file (no header.json).") from exc
-        except (ValueError, zipfile.BadZipFile, OSError) as exc:
-            raise ModelFormatError(f"{path}: unreadable header ({exc}).") from exc
+        entries = _entries(zf, path, os.fstat(f.fileno()).st_size)
+        if "header.json" not in entries:
+            raise ModelFormatError(f"{path}: not a qkm model file (no header.json).")
+        header = json.loads(zf.read(entries["header.json"]))
         if not isinstance(header, dict) or header.get("format") != FORMAT_NAME:
             raise ModelFormatError(f"{path}: not a qkm model file (format {header.get('format') if isinstance(header, dict) else None!r}).")
         version = header.get("format_version")
@@ -195,12 +244,15 @@ def _read_header_and_arrays(path):
                 f"{path}: model format version {version!r} is not one this qkm reads (1 to {FORMAT_VERSION}); "
                 f"the file was written by qkm {header.get('qkm_version')}, this is qkm {__version__}: upgrade qkm."
             )
+        if version >= 3 and header.get("checksum") != header_checksum(header):
+            raise ModelFormatError(f"{path}: the content checksum does not match the header: the file is "
+                                   "corrupted or was edited.")
         arrays, hashes = {}, {}
         for name, info in (header.get("arrays") or {}).items():
-            try:
-                blob = zf.read(f"arrays/{name}.npy")
-            except (KeyError, zipfile.BadZipFile, OSError, EOFError) as exc:
-                raise ModelFormatError(f"{path}: array {name!r} is missing, truncated or corrupted ({exc}).") from exc
+            entry = entries.get(f"arrays/{name}.npy")
+            if entry is None:
+                raise ModelFormatError(f"{path}: array {name!r} is missing.")
+            blob = zf.read(entry)
             hashes[name] = hashlib.sha256(blob).hexdigest()
             if not isinstance(info, dict) or hashes[name] != info.get("sha256"):
                 raise ModelFormatError(f"{path}: checksum mismatch for array {name!r}: the file is corrupted.")
@@ -223,20 +275,37 @@ def load_model(path):
     Raises
     ------
     ModelFormatError
-        Not a qkm model, truncated or corrupted, inconsistent, or written by a newer format.
+        Not a qkm model, truncated or corrupted (any damaged byte, zip headers
+        included), edited after writing, inconsistent, or written by a newer format.
+    OSError
+        The system's own errors: no such file, a directory, no permission.
     """
-    header, arrays, hashes = _read_header_and_arrays(path)
+    with open(path, "rb") as f:  # the system's errors (no such file, a directory, no permission) stay as they are
+        try:
+            return _load(f, path)
+        except ModelFormatError:
+            raise
+        except Exception as exc:  # whatever the zip, json or npy readers make of damaged bytes
+            detail = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+            raise ModelFormatError(f"{path}: the file is damaged ({detail}).") from exc
+
+
+def _load(f, path):
+    header, arrays, hashes = _read_archive(f, path)
     metadata = header.get("metadata")
     if not isinstance(metadata, dict):
         raise ModelFormatError(f"{path}: the header has no metadata object.")
-    operator = _operator_from_arrays(header.get("kind"), arrays, metadata, path)
+    operator = _operator_from_arrays(header.get("kind"), arrays, metadata, path, header["format_version"])
     if "sq_norms" in arrays:
         stored = arrays["sq_norms"]
         if stored.shape != (operator.n_clusters,) or not np.allclose(stored, operator.row_sq_norms(), rtol=1e-6, atol=0):
             raise ModelFormatError(f"{path}: stored squared norms do not match the centroids: the file is inconsistent.")
-    checksum = content_checksum(hashes)
-    if "checksum" in header and header["checksum"] != checksum:
-        raise ModelFormatError(f"{path}: the content checksum does not match the arrays: the file is corrupted.")
+    if header["format_version"] >= 3:
+        checksum = header["checksum"]  # verified against the header, which holds every array's hash
+    else:  # versions 1 and 2: a checksum over the array hashes only (if any)
+        checksum = content_checksum(hashes)
+        if "checksum" in header and header["checksum"] != checksum:
+            raise ModelFormatError(f"{path}: the content checksum does not match the arrays: the file is corrupted.")
     extras = {}
     parts = header.get("parts") or {}
     for part, info in parts.items():

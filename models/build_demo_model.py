@@ -27,9 +27,10 @@ import qkm
 from qkm.export import data_fingerprint, save_model
 from qkm.io import load_data
 
-ROOT = Path(__file__).resolve().parents[1]
-SAMPLE = ROOT / "qkm" / "datasets" / "fashion_mnist_2000.npz"
-OUTPUT = ROOT / "models" / "fashion_mnist_qkmeans.qkm"
+from qkm.datasets import fashion_mnist_sample_path
+
+SAMPLE = Path(fashion_mnist_sample_path())
+OUTPUT = Path(__file__).resolve().parent / "fashion_mnist_qkmeans.qkm"
 N_CLUSTERS = 10
 INDEXED_ROWS = 512
 
@@ -49,7 +50,7 @@ def build(output=OUTPUT):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("-o", "--output", default=str(OUTPUT), help=f"default: {OUTPUT.relative_to(ROOT)}")
+    p.add_argument("-o", "--output", default=str(OUTPUT), help="default: models/fashion_mnist_qkmeans.qkm")
     args = p.parse_args()
     model = build(args.output)
     size = Path(args.output).stat().st_size

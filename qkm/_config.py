@@ -19,6 +19,12 @@ FASTMATH = False
 #: either, so the reduction may be reassociated (vectorised).
 FASTMATH_DENSE_DOT = {"reassoc", "contract", "nsz"}
 
+#: Rows per block of the fixed summation order (:mod:`qkm._reduce`): block sums
+#: in row order, then an aligned binary tree over blocks, so that a fit over
+#: shards of whole tree nodes gives the same bits as one pass. Also the rows
+#: per BLAS call of dense data must divide it (shards then see the same blocks).
+REDUCE_BLOCK_ROWS = 4096
+
 #: Cache compiled kernels on disk (``@njit(cache=True)``).
 CACHE = True
 
@@ -36,6 +42,7 @@ _DEFAULTS = dict(
     DENSE_BLOCK_ROWS=DENSE_BLOCK_ROWS,
     FASTMATH=FASTMATH,
     FASTMATH_DENSE_DOT=FASTMATH_DENSE_DOT,
+    REDUCE_BLOCK_ROWS=REDUCE_BLOCK_ROWS,
     CACHE=CACHE,
     SPARSE_CENTROID_COST_FACTOR=SPARSE_CENTROID_COST_FACTOR,
     ELKAN_FULL_PASS_FRACTION=ELKAN_FULL_PASS_FRACTION,

@@ -17,6 +17,7 @@ import scipy.sparse as sp
 
 from . import _config
 from . import _kernels as K_
+from . import _reduce
 from ._kernels import centroid_sq_norms
 from ._empty import relocate_empty_clusters
 
@@ -59,10 +60,17 @@ class KMeansData:
     ----------
     X : ndarray or scipy.sparse.csr_matrix
         Output of :func:`qkm._validation.check_data`.
+    row0 : int, default=0
+        Global index of the first row (a shard of a larger data set).
+    block_rows : int, default=None
+        Block size of the summation order (:mod:`qkm._reduce`);
+        ``None``: ``_config.REDUCE_BLOCK_ROWS``.
     """
 
-    def __init__(self, X):
+    def __init__(self, X, row0=0, block_rows=None):
         self.X = X
+        self.row0 = int(row0)
+        self.block_rows = _config.REDUCE_BLOCK_ROWS if block_rows is None else int(block_rows)
         self.sparse = sp.issparse(X)
         self.n_samples, self.n_features = X.shape
         self.dtype = X.dtype
@@ -83,14 +91,9 @@ class KMeansData:
         self._ct_buffer = None
 
     def column_mean(self):
-        """The mean row in float64, summed in row order: bit-identical for dense and CSR data."""
-        out = np.empty(self.n_features, dtype=np.float64)
-        if self.sparse:
-            K_.column_sums_sparse(self.X.data, self.X.indices, self.X.indptr, out)
-        else:
-            K_.column_sums_dense(self.X, out)
-        out /= max(self.n_samples, 1)
-        return out
+        """The mean row in float64, summed in the block-tree order of :mod:`qkm._reduce` (dense and CSR: same bits)."""
+        n_lev = _reduce.n_levels(self.n_samples, self.block_rows, self.row0)
+        return _reduce.column_sums_node(self.X, self.row0, self.block_rows, n_lev) / max(self.n_samples, 1)
 
     # ------------------------------------------------------------------ #
     def assign(self, layouts, labels, partial_best, rows=None, lb=None):
@@ -129,6 +132,65 @@ class KMeansData:
         else:
             K_.pair_partials_dense(self.X, layouts.C, layouts.c_sq, pair_i, pair_j, out)
         return out
+
+    def total(self, values):
+        """Sum of one value per row, in the fixed block-tree order (:mod:`qkm._reduce`)."""
+        return _reduce.tree_sum_rows(values, self.row0, self.block_rows)
+
+    def cluster_sums(self, labels, n_clusters, store=None, changed=None):
+        """Per-cluster sums of the rows in the block-tree order.
+
+        Parameters
+        ----------
+        labels : ndarray of shape (n_samples,)
+        n_clusters : int
+        store : tuple (C, shift_sq), default=None
+            IN/OUT  when given, ``C[j]`` becomes the mean of cluster ``j`` (for
+            the non-empty clusters flagged in ``changed``) and ``shift_sq[j]``
+            its squared move; nothing is returned but the counts.
+        changed : ndarray of shape (n_clusters,), bool, default=None
+            Clusters to compute (all by default).
+
+        Returns
+        -------
+        counts : ndarray of shape (n_clusters,), int64
+        sums : (n_clusters, n_features) float64 array (dense data) or CSR matrix (sparse data: the
+            touched entries only), or None with ``store``
+        """
+        order = np.empty(self.n_samples, dtype=np.int64)
+        offsets = np.empty(n_clusters + 1, dtype=np.int64)
+        K_.group_by_label(labels, n_clusters, order, offsets)
+        counts = np.diff(offsets)
+        changed = np.ones(n_clusters, dtype=np.bool_) if changed is None else changed
+        n_lev = _reduce.n_levels(self.n_samples, self.block_rows, self.row0)
+        head = (order, offsets, changed, self.row0, self.block_rows, n_lev, _reduce.n_tasks_for(n_clusters),
+                store is not None)
+        if store is not None:
+            C, shift_sq = store
+        else:
+            C, shift_sq = np.zeros((0, self.n_features), dtype=self.dtype), np.zeros(0)
+        if not self.sparse:
+            sums = np.zeros((n_clusters if store is None else 0, self.n_features))
+            _reduce.cluster_sums_dense(self.X, *head, C, shift_sq, sums)
+            return counts, (None if store is not None else sums)
+        X = self.X
+        if store is not None:
+            cap_ptr, out_idx, out_val, out_cnt = (np.zeros(n_clusters + 1, dtype=np.int64), np.zeros(0, np.int32),
+                                                  np.zeros(0), np.zeros(n_clusters, dtype=np.int64))
+        else:
+            room = np.bincount(labels, weights=np.diff(X.indptr), minlength=n_clusters).astype(np.int64)
+            cap_ptr = np.zeros(n_clusters + 1, dtype=np.int64)
+            np.cumsum(np.minimum(room, self.n_features), out=cap_ptr[1:])
+            out_idx, out_val = np.empty(cap_ptr[-1], dtype=np.int32), np.empty(cap_ptr[-1])
+            out_cnt = np.zeros(n_clusters, dtype=np.int64)
+        _reduce.cluster_sums_sparse(X.data, X.indices, X.indptr, *head, C, shift_sq, cap_ptr, out_idx, out_val,
+                                    out_cnt)
+        if store is not None:
+            return counts, None
+        indptr = np.zeros(n_clusters + 1, dtype=np.int64)
+        np.cumsum(out_cnt, out=indptr[1:])
+        take = np.repeat(cap_ptr[:-1] - indptr[:-1], out_cnt) + np.arange(indptr[-1])
+        return counts, sp.csr_matrix((out_val[take], out_idx[take], indptr), shape=(n_clusters, self.n_features))
 
     def sq_distances(self, partial_best, rows=None):
         """Squared distances (clipped at 0) from partials."""
@@ -170,10 +232,7 @@ class KMeansData:
         n_relocated : int
         """
         k = C.shape[0]
-        order = np.empty(self.n_samples, dtype=np.int64)
-        offsets = np.empty(k + 1, dtype=np.int64)
-        K_.group_by_label(labels, k, order, offsets)
-        counts_ = np.diff(offsets)
+        counts_ = np.bincount(labels, minlength=k).astype(np.int64)
         has_empty = bool((counts_ == 0).any())
         C_new = C.copy() if has_empty else C
         changed = np.ones(k, dtype=np.bool_)
@@ -183,11 +242,7 @@ class KMeansData:
             changed[labels[moved]] = True
             changed[labels_old[moved]] = True
         shift_sq = np.empty(k, dtype=np.float64)
-        if self.sparse:
-            X = self.X
-            K_.update_centers_sparse(X.data, X.indices, X.indptr, order, offsets, changed, C_new, shift_sq)
-        else:
-            K_.update_centers_dense(self.X, order, offsets, changed, C_new, shift_sq)
+        self.cluster_sums(labels, k, store=(C_new, shift_sq), changed=changed)
         c_sq = centroid_sq_norms(C_new)
         relocated = 0
         if has_empty and repair:

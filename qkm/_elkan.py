@@ -81,25 +81,11 @@ def kmeans_single_elkan(data, centers_init, *, max_iter, tol, tol_wcss=0.0, verb
                 _set_upper(data, partial, layouts.c_sq, labels, err, upper, active)
             else:
                 mode = "pairs"
-                # exact distance to the own centre for every point still in play
-                partial[active] = data.pair_partials(layouts, active, labels[active].astype(np.int64))
-                _set_upper(data, partial, layouts.c_sq, labels, err, upper, active)
-                K_.elkan_count_candidates(labels, upper, lb, half_cc, s, counts_i)
-                ptr = np.zeros(n + 1, dtype=np.int64)
-                np.cumsum(counts_i, out=ptr[1:])
-                n_pairs = int(ptr[-1])
-                pair_j = np.empty(n_pairs, dtype=np.int64)
-                K_.elkan_fill_candidates(labels, upper, lb, half_cc, ptr, pair_j)
-                pair_i = np.repeat(np.arange(n, dtype=np.int64), counts_i)
-                by_cluster = np.argsort(pair_j, kind="stable")
-                pair_partial = np.empty(n_pairs, dtype=np.float64)
-                pair_partial[by_cluster] = data.pair_partials(layouts, pair_i[by_cluster], pair_j[by_cluster])
-                K_.elkan_pick(active, ptr, pair_j, pair_partial, data.x_sq, layouts.c_sq, err,
-                              labels, partial, upper, lb)
+                n_pairs = _pairs_pass(data, layouts, labels, partial, upper, lb, counts_i, active, half_cc, s)
         storage = layouts.storage
         wcss = None
         if rule.tol_wcss > 0 or verbose:
-            wcss = float(_own_sq_distances(data, layouts, labels).sum())
+            wcss = data.total(_own_sq_distances(data, layouts, labels))
         C, shift_sq, c_sq, relocated = data.update(labels, layouts.C, lambda: _own_sq_distances(data, layouts, labels),
                                                    means_of)
         layouts = DenseOperator(C, c_sq)
@@ -120,8 +106,29 @@ def kmeans_single_elkan(data, centers_init, *, max_iter, tol, tol_wcss=0.0, verb
         partial[:] = data.pair_partials(layouts, data.all_rows, labels.astype(np.int64))
     else:
         data.assign(layouts, labels, partial)
-    inertia = float(data.sq_distances(partial).sum())
+    inertia = data.total(data.sq_distances(partial))
     return labels, inertia, layouts.C, n_iter
+
+
+def _pairs_pass(data, layouts, labels, partial, upper, lb, counts_i, active, half_cc, s):
+    """Exact own partials of the ``active`` points, then their surviving (point, centre) pairs grouped
+    by centre (IN/OUT: labels, partial, upper, lb, counts_i). Returns the number of pairs computed."""
+    n, err = data.n_samples, data.err_rel
+    # exact distance to the own centre for every point still in play
+    partial[active] = data.pair_partials(layouts, active, labels[active].astype(np.int64))
+    _set_upper(data, partial, layouts.c_sq, labels, err, upper, active)
+    K_.elkan_count_candidates(labels, upper, lb, half_cc, s, counts_i)
+    ptr = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(counts_i, out=ptr[1:])
+    n_pairs = int(ptr[-1])
+    pair_j = np.empty(n_pairs, dtype=np.int64)
+    K_.elkan_fill_candidates(labels, upper, lb, half_cc, ptr, pair_j)
+    pair_i = np.repeat(np.arange(n, dtype=np.int64), counts_i)
+    by_cluster = np.argsort(pair_j, kind="stable")
+    pair_partial = np.empty(n_pairs, dtype=np.float64)
+    pair_partial[by_cluster] = data.pair_partials(layouts, pair_i[by_cluster], pair_j[by_cluster])
+    K_.elkan_pick(active, ptr, pair_j, pair_partial, data.x_sq, layouts.c_sq, err, labels, partial, upper, lb)
+    return n_pairs
 
 
 def _own_sq_distances(data, layouts, labels):

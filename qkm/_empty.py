@@ -9,7 +9,7 @@ import numpy as np
 
 from ._kernels import centroid_sq_norms
 
-__all__ = ["relocate_empty_clusters"]
+__all__ = ["relocate_empty_clusters", "plan_relocations", "apply_relocations"]
 
 
 def relocate_empty_clusters(data, labels, sq_dist, counts, C_new, shift_sq, c_sq, C_old):
@@ -38,33 +38,57 @@ def relocate_empty_clusters(data, labels, sq_dist, counts, C_new, shift_sq, c_sq
         Clusters repaired. Fewer than the empty count only when every
         remaining point is alone in its cluster or sits on its centre.
     """
-    empty = np.flatnonzero(counts == 0)
-    if empty.size == 0:
+    if not (counts == 0).any():
         return 0
     far_first = np.argsort(-sq_dist, kind="stable")
+    moves = plan_relocations(counts, labels[far_first], sq_dist[far_first])
+    rows = [data.row(far_first[pos]) for _, pos, _, _ in moves]
+    apply_relocations(moves, rows, C_new, shift_sq, c_sq, C_old)
+    return len(moves)
+
+
+def plan_relocations(counts, cand_labels, cand_sq):
+    """Which candidate fills which empty cluster (bookkeeping only; no data needed).
+
+    Parameters
+    ----------
+    counts : ndarray of shape (n_clusters,)
+        IN/OUT cluster sizes; moved points are counted in their new cluster.
+    cand_labels, cand_sq : ndarray
+        IN  label and squared distance of the candidate points, farthest
+        first (ties by row). A merged top list of ``n_empty + n_clusters``
+        candidates per shard decides exactly as the full list would: each
+        cluster makes at most one candidate be skipped.
+
+    Returns
+    -------
+    moves : list of (empty cluster, candidate position, donor cluster, donor size before)
+    """
+    moves = []
     cursor = 0
-    moved = 0
-    for j in empty:
-        donor_point = -1
-        while cursor < far_first.shape[0]:
-            i = far_first[cursor]
+    for j in np.flatnonzero(counts == 0):
+        donor = -1
+        while cursor < cand_labels.shape[0]:
+            pos = cursor
             cursor += 1
-            if counts[labels[i]] > 1 and sq_dist[i] > 0.0:
-                donor_point = i
+            if counts[cand_labels[pos]] > 1 and cand_sq[pos] > 0.0:
+                donor = pos
                 break
-        if donor_point < 0:
+        if donor < 0:
             break
-        i = donor_point
-        l = labels[i]
-        x = data.row(i)
-        n_l = counts[l]
+        l = int(cand_labels[donor])
+        moves.append((int(j), donor, l, int(counts[l])))
+        counts[l] -= 1
+        counts[j] += 1
+    return moves
+
+
+def apply_relocations(moves, rows, C_new, shift_sq, c_sq, C_old):
+    """Move each chosen point (its row as float64) into its empty cluster; update the donor's mean."""
+    for (j, _, l, n_l), x in zip(moves, rows):
         donor_mean = (C_new[l].astype(np.float64) * n_l - x) / (n_l - 1)
         C_new[l] = donor_mean
         C_new[j] = x
-        counts[l] -= 1
-        counts[j] += 1
         for c in (l, j):
             shift_sq[c] = float(((C_new[c].astype(np.float64) - C_old[c]) ** 2).sum())
         c_sq[[l, j]] = centroid_sq_norms(C_new[[l, j]])
-        moved += 1
-    return moved

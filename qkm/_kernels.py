@@ -175,7 +175,7 @@ def pair_partials_dense(X, C, c_sq, pair_i, pair_j, out):
 
 
 # --------------------------------------------------------------------------- #
-# M-step: cluster means, shifts and norms, one cluster per task
+# M-step helpers (the sums themselves follow qkm._reduce's fixed order)
 # --------------------------------------------------------------------------- #
 @njit(**_JIT)
 def group_by_label(labels, K, order, offsets):
@@ -195,47 +195,6 @@ def group_by_label(labels, K, order, offsets):
         j = labels[i]
         order[fill[j]] = i
         fill[j] += 1
-
-
-@njit(parallel=True, **_JIT)
-def update_centers_sparse(
-    data, indices, indptr,          # IN  CSR of X
-    order, offsets,                 # IN  rows grouped by cluster (group_by_label)
-    changed,                        # IN  (K,) bool: clusters whose members changed
-    C,                              # IN/OUT (K, D) centres -> cluster means; empty or unchanged
-                                    #        clusters keep theirs (a mean of the same members in
-                                    #        the same order is the same number)
-    shift_sq,                       # OUT (K,) squared move of each centre
-):
-    K, D = C.shape
-    for j in prange(K):
-        n_j = offsets[j + 1] - offsets[j]
-        if n_j == 0 or not changed[j]:
-            shift_sq[j] = 0.0
-            continue
-        acc = np.zeros(D, dtype=np.float64)
-        for t in range(offsets[j], offsets[j + 1]):
-            i = order[t]
-            for q in range(indptr[i], indptr[i + 1]):
-                acc[indices[q]] += data[q]
-        _store_mean(j, acc, 1.0 / n_j, C, shift_sq)
-
-
-@njit(parallel=True, **_JIT)
-def update_centers_dense(X, order, offsets, changed, C, shift_sq):
-    """Dense twin of :func:`update_centers_sparse` (same arguments, X dense)."""
-    K, D = C.shape
-    for j in prange(K):
-        n_j = offsets[j + 1] - offsets[j]
-        if n_j == 0 or not changed[j]:
-            shift_sq[j] = 0.0
-            continue
-        acc = np.zeros(D, dtype=np.float64)
-        for t in range(offsets[j], offsets[j + 1]):
-            i = order[t]
-            for k in range(D):
-                acc[k] += X[i, k]
-        _store_mean(j, acc, 1.0 / n_j, C, shift_sq)
 
 
 @njit(inline="always", **_JIT)
@@ -273,59 +232,6 @@ def row_sq_norms_dense(X, out):
             v = np.float64(X[i, k])
             s += v * v
         out[i] = s
-
-
-@njit(inline="always", **_JIT)
-def _tile_sums(X, k0, k1):
-    """float64 sums of columns k0 .. k1 - 1, rows in order."""
-    acc = np.zeros(k1 - k0)
-    for i in range(X.shape[0]):
-        for k in range(k0, k1):
-            acc[k - k0] += X[i, k]
-    return acc
-
-
-@njit(parallel=True, **_JIT)
-def column_sums_dense(X, out):
-    """OUT out[k] = sum of column k in float64, rows in order (the CSR twin gives the same bits)."""
-    D = X.shape[1]
-    tile = 64
-    for b in prange((D + tile - 1) // tile):
-        k0 = b * tile
-        k1 = min(D, k0 + tile)
-        acc = _tile_sums(X, k0, k1)
-        for k in range(k0, k1):
-            out[k] = acc[k - k0]
-
-
-@njit(**_JIT)
-def column_sums_sparse(data, indices, indptr, out):
-    """OUT out[k] = sum of column k of a CSR matrix in float64, rows in order."""
-    for k in range(out.shape[0]):
-        out[k] = 0.0
-    for i in range(indptr.shape[0] - 1):
-        for p in range(indptr[i], indptr[i + 1]):
-            out[indices[p]] += data[p]
-
-
-@njit(parallel=True, **_JIT)
-def column_variances_dense(X, out):
-    """OUT out[k] = population variance of column k (two passes, float64)."""
-    n, D = X.shape
-    tile = 64
-    for b in prange((D + tile - 1) // tile):
-        k0 = b * tile
-        k1 = min(D, k0 + tile)
-        mean = _tile_sums(X, k0, k1)
-        for k in range(k1 - k0):
-            mean[k] /= n
-        acc = np.zeros(k1 - k0)
-        for i in range(n):
-            for k in range(k0, k1):
-                d = X[i, k] - mean[k - k0]
-                acc[k - k0] += d * d
-        for k in range(k0, k1):
-            out[k] = acc[k - k0] / n
 
 
 # --------------------------------------------------------------------------- #

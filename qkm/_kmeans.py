@@ -3,9 +3,7 @@
 import warnings
 
 import numpy as np
-import scipy.sparse as sp
 from sklearn.utils import check_random_state
-from sklearn.utils.sparsefuncs import mean_variance_axis
 
 from ._base import (OperatorClusterMixin, check_init, check_nonnegative_float, check_verbose, initial_centers,
                     resolve_n_clusters, warn_if_clusters_lost)
@@ -14,7 +12,7 @@ from ._data import KMeansData
 from ._operator_base import DenseOperator
 from ._elkan import kmeans_single_elkan
 from ._init import kmeans_plusplus as _kmeans_plusplus
-from ._kernels import column_variances_dense
+from ._reduce import column_variances
 from ._lloyd import kmeans_single_lloyd
 from ._stopping import IterationLog
 from ._threads import effective_n_threads, numba_threads
@@ -67,15 +65,14 @@ def kmeans_plusplus(X, n_clusters, *, random_state=None, n_local_trials=None, n_
 
 
 def _scaled_tolerance(X, tol):
-    """scikit-learn's rule: ``tol`` times the mean feature variance."""
+    """scikit-learn's rule: ``tol`` times the mean feature variance.
+
+    The variances are summed in the fixed block order of :mod:`qkm._reduce`
+    (no N x D temporary), so a fit over shards gets the same tolerance.
+    """
     if tol == 0:
         return 0.0
-    if sp.issparse(X):
-        variances = mean_variance_axis(X, axis=0)[1]
-    else:  # np.var(X, axis=0) without its two N x D temporaries
-        variances = np.empty(X.shape[1], dtype=np.float64)
-        column_variances_dense(X, variances)
-    return float(np.mean(variances) * tol)
+    return float(np.mean(column_variances(X)) * tol)
 
 
 class KMeans(OperatorClusterMixin):
@@ -205,8 +202,10 @@ class KMeans(OperatorClusterMixin):
 
         Parameters
         ----------
-        X : {array-like, sparse matrix} of shape (n_samples, n_features)
+        X : {array-like, sparse matrix} of shape (n_samples, n_features) or qkm.distributed.ShardedData
             Training data; sparse input is used as CSR without densifying.
+            Shards on a Dask cluster give the same result, with ``labels_``
+            as a dask array.
         y : Ignored
         callback : callable, default=None
             Called with each iteration's record (a dict: iteration, wcss, shift, ...).
@@ -216,6 +215,8 @@ class KMeans(OperatorClusterMixin):
         self : KMeans
         """
         self._check_params()
+        if hasattr(X, "_qkm_fit"):  # data on shards (qkm.distributed.ShardedData): the same steps, run there
+            return X._qkm_fit(self, callback=callback)
         X = check_data(X)
         self.n_features_in_ = X.shape[1]
         n_clusters = resolve_n_clusters(X, self.n_clusters, isinstance(self.init, str))
@@ -236,6 +237,9 @@ class KMeans(OperatorClusterMixin):
                     best = (labels, inertia, centers, n_iter, log.records)
         labels, inertia, centers, n_iter, records = best
         warn_if_clusters_lost(labels, n_clusters)
+        return self._set_fitted(labels, inertia, centers, n_iter, n_clusters, records)
+
+    def _set_fitted(self, labels, inertia, centers, n_iter, n_clusters, records):
         self.cluster_centers_ = centers
         self.operator_ = DenseOperator(centers)
         self.labels_ = labels

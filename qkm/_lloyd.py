@@ -52,7 +52,7 @@ def kmeans_single_lloyd(data, centers_init, *, max_iter, tol, tol_wcss=0.0, verb
         t0 = time.perf_counter()
         data.assign(layouts, labels, partial)
         sq_dist = data.sq_distances(partial)
-        wcss = float(sq_dist.sum())
+        wcss = data.total(sq_dist)
         storage = layouts.storage
         C, shift_sq, c_sq, relocated = data.update(labels, layouts.C, lambda: sq_dist, means_of)
         layouts = DenseOperator(C, c_sq)
@@ -66,5 +66,5 @@ def kmeans_single_lloyd(data, centers_init, *, max_iter, tol, tol_wcss=0.0, verb
         means_of = None if relocated else labels_old
     if not strict:
         data.assign(layouts, labels, partial)
-    inertia = float(data.sq_distances(partial).sum())
+    inertia = data.total(data.sq_distances(partial))
     return labels, inertia, layouts.C, n_iter

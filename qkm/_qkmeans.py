@@ -18,7 +18,7 @@ from ._base import (OperatorClusterMixin, check_init, check_nonnegative_float, c
 from ._data import KMeansData
 from ._factored_lloyd import factored_lloyd
 from ._stopping import IterationLog
-from ._threads import effective_n_threads, numba_threads
+from ._threads import effective_n_threads, numba_threads, single_threaded_blas
 from ._validation import check_data
 from ._chain_calibration import ChainCalibration
 from .operator import FactorChainOperator
@@ -183,7 +183,7 @@ class _FactoredKMeans(OperatorClusterMixin):
         rng = check_random_state(self.random_state)
         n_runs = self.n_init if isinstance(self.init, str) else 1
         best = None
-        with numba_threads(effective_n_threads(self.n_jobs)):
+        with numba_threads(effective_n_threads(self.n_jobs)), single_threaded_blas():
             data = KMeansData(X)
             # with center=True the structure fits the centred means; the mean is kept beside it
             mean = data.column_mean() if self.center else None

@@ -23,7 +23,11 @@ class StoppingRule:
         self._wcss_prev = None
 
     def check(self, labels, labels_old, shift_total, wcss=None):
-        if np.array_equal(labels, labels_old):
+        return self.check_changed(0 if np.array_equal(labels, labels_old) else 1, shift_total, wcss)
+
+    def check_changed(self, n_changed, shift_total, wcss=None):
+        """:meth:`check` given the number of labels that changed (data spread over shards)."""
+        if n_changed == 0:
             return True, True
         if shift_total <= self.tol:
             return False, True

@@ -1,4 +1,4 @@
-"""The ``qkm`` command line: ``qkm train``, ``predict``, ``score``, ``export`` and ``serve``.
+"""The ``qkm`` command line: ``qkm train``, ``predict``, ``score``, ``export``, ``serve`` and ``shard``.
 
 Run ``qkm COMMAND --help`` for the options of each command.
 """
@@ -13,10 +13,12 @@ import warnings
 import numpy as np
 
 from . import __version__
+from ._cli_distributed import add_scheduler_option, add_shard_command
 
 _DATA_HELP = (
     "data file: .npy, .csv, .npz (scipy sparse or np.savez with X[, y]), svmlight/libsvm "
-    "(.svm, .libsvm, .txt or no suffix; .gz/.bz2 allowed), Matrix Market .mtx, MNIST idx(.gz)"
+    "(.svm, .libsvm, .txt or no suffix; .gz/.bz2 allowed), Matrix Market .mtx, MNIST idx(.gz), "
+    "or a shard directory written by 'qkm shard'"
 )
 
 
@@ -84,13 +86,27 @@ def _make_estimator(args, init):
 
 
 def _cmd_train(args):
+    from ._atomic import check_destination
+    from ._init import distinct_row_indices
     from .export import data_fingerprint, save_model
     from .io import save_centroids, save_labels
 
+    # before the work, not after it (with --scheduler, --labels names the per-shard files)
+    for path in (args.output, None if args.scheduler else args.labels, args.centroids):
+        if path is not None:
+            check_destination(path)
+    if args.scheduler:  # on a Dask cluster, over the shards of a `qkm shard` directory
+        from ._cli_distributed import train_sharded
+
+        return train_sharded(args, _make_estimator, ProgressBar)
     X, y_file = _load(args.data, args.format)
     init = args.init
     if init not in ("k-means++", "random"):
         init = np.load(init, allow_pickle=False)
+    elif args.k >= 1 and min(X.shape) > 0 and (n_distinct := len(distinct_row_indices(X, stop_at=args.k))) < args.k:
+        # the estimators would fit fewer clusters (with a warning); asked on the command line, it is an error
+        raise ValueError(f"{args.data} holds {n_distinct} distinct row(s), fewer than the {args.k} clusters "
+                         f"asked for: choose -k {n_distinct} or less.")
     est = _make_estimator(args, init)
     progress = None if (args.verbose or args.quiet) else ProgressBar(est.max_iter)
     t0 = time.perf_counter()
@@ -112,10 +128,13 @@ def _cmd_train(args):
     save_model(est, args.output, index=index, nystroem=nystroem,
                extra_metadata={"train_seconds": elapsed, "data": os.path.basename(args.data),
                                "n_samples": int(X.shape[0]), "data_fingerprint": data_fingerprint(X)})
+    args.written.append(args.output)
     if args.labels:
         save_labels(args.labels, est.labels_)
+        args.written.append(args.labels)
     if args.centroids:
         save_centroids(args.centroids, est.cluster_centers_)
+        args.written.append(args.centroids)
     summary = {
         "model": args.output,
         "algorithm": args.algorithm,
@@ -162,6 +181,7 @@ def _cmd_export(args):
     else:
         save_model(model, args.output)
         summary = {"output": args.output, "format": "safe", "bytes": os.path.getsize(args.output)}
+    args.written.append(args.output)
     print(json.dumps(summary) if args.json else "\n".join(f"{k}: {v}" for k, v in summary.items()))
     return 0
 
@@ -170,11 +190,17 @@ def _cmd_predict(args):
     from .export import load_model
     from .io import save_labels
 
+    if args.scheduler:
+        from ._cli_distributed import predict_sharded
+
+        return predict_sharded(args)
+
     model = load_model(args.model)
     X, _ = _load(args.data, args.format, n_features=model.n_features)
     labels = model.predict(X)
     if args.output:
         save_labels(args.output, labels)
+        args.written.append(args.output)
     else:
         sys.stdout.write("\n".join(map(str, labels.tolist())) + "\n")
     return 0
@@ -274,6 +300,7 @@ def build_parser():
     p.add_argument("-v", "--verbose", action="count", default=0, help="print the WCSS of every iteration on stderr")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.add_argument("--json", action="store_true", help="print the summary as one JSON line")
+    add_scheduler_option(p)
     p.set_defaults(func=_cmd_train)
 
     p = sub.add_parser("export", help="convert a model file to ONNX, a joblib artefact or the safe format",
@@ -299,7 +326,9 @@ def build_parser():
     p.add_argument("data", help=_DATA_HELP)
     p.add_argument("-o", "--output", default=None, help="write labels here (.npy or text) instead of stdout")
     p.add_argument("--format", default=None, help="force the data format")
+    add_scheduler_option(p)
     p.set_defaults(func=_cmd_predict)
+    add_shard_command(sub, _DATA_HELP)
 
     p = sub.add_parser("score", help="SystemML-style clustering statistics, AMI and ARI",
                        description="Print SystemML's k-means statistics (TSS, WCSS, BCSS, pair counts with "
@@ -351,16 +380,32 @@ def build_parser():
 
 
 def main(argv=None):
-    """Entry point of the ``qkm`` console script; returns the exit status."""
+    """Entry point of the ``qkm`` console script; returns the exit status.
+
+    Bad input is one line on stderr and status 2; Ctrl-C (SIGINT) one line and
+    status 130 (128 + SIGINT, as shells report it). Files are written
+    atomically, so an interrupted or failed command leaves any existing file
+    as it was.
+    """
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.written = []  # files a command completed, for the message of an interrupted run
+
+    def show_warning(message, category, filename, lineno, file=None, line=None):  # one line, no source
+        print(f"qkm {args.command}: warning: {message}", file=sys.stderr)
+
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("default")
+            warnings.showwarning = show_warning
             return args.func(args)
     except (ValueError, TypeError, FileNotFoundError, OSError) as exc:
         print(f"qkm {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        done = f"already written: {', '.join(args.written)}" if args.written else "nothing written"
+        print(f"qkm {args.command}: interrupted, {done}", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -359,6 +359,8 @@ def load_data(path, *, format=None, dtype=np.float64, n_features=None, zero_base
     ----------
     path : str or os.PathLike
         File to read; csv, svmlight, mtx and idx files may be ``.gz``/``.bz2``.
+        A shard directory written by ``qkm shard`` (or its ``manifest.json``)
+        is read whole, every shard checked against the manifest.
     format : {"npy", "csv", "npz", "svmlight", "mtx", "idx"} or None, default=None
         None guesses from the suffix (``.svm``, ``.libsvm`` or none: svmlight;
         ``.idx`` or ``-idx3-ubyte``: idx). A csv file may start with one
@@ -399,6 +401,11 @@ def load_data(path, *, format=None, dtype=np.float64, n_features=None, zero_base
     >>> y
     array([1, 2])
     """
+    from ._shards import is_sharded, load_sharded
+
+    if is_sharded(path):
+        X, y = load_sharded(path, dtype=dtype, n_features=n_features)
+        return X, (None if y is None else _labels(path, y))
     fmt = _guess_format(_split_name(path)[0]) if format is None else format
     if fmt not in FORMATS:
         raise ValueError(f"format must be one of {FORMATS} or None, got {format!r}")

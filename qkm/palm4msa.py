@@ -24,6 +24,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from . import _hierarchical, _lsq, _palm, _projections
+from ._threads import single_threaded_blas
 from ._validation import check_float, check_int, check_matrix, check_weights
 
 __all__ = ["PalmResult", "chain_shapes", "factorize", "hierarchical_palm4msa", "palm4msa", "project_splincol"]
@@ -330,7 +331,8 @@ def factorize(target, n_factors, *, sparsity_level=3, weights=None, max_iter=100
     """
     T, _, w = _check_args(target, None, sparsity_level=sparsity_level, weights=weights, n_factors=n_factors, tol=tol,
                           max_iters=[("max_iter", max_iter, 0)])
-    state = _lsq.factorize(T, w, int(n_factors), int(sparsity_level), int(max_iter), float(tol))
+    with single_threaded_blas():  # BLAS's thread count must not change the greedy supports
+        state = _lsq.factorize(T, w, int(n_factors), int(sparsity_level), int(max_iter), float(tol))
     return _result(state)
 
 

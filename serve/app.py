@@ -8,6 +8,7 @@ error"}``, logged with its traceback but never with the request body.
 """
 
 import contextlib
+import functools
 import os
 
 import anyio.to_thread
@@ -20,12 +21,11 @@ from qkm import __version__
 
 from . import openapi as docs
 from .backend import load_model_file
-from .decode import JSON
+from .decode import JSON, OCTET
 from .errors import RequestError
 from .limits import RETRY_AFTER_SECONDS
-from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from .middleware import ServiceMiddleware
-from .oip import model_metadata
+from .oip import EXTENSIONS, HEADER_LENGTH, model_config, model_metadata
 from .service import Service
 from .settings import ServeSettings, demo_model_path
 
@@ -39,9 +39,10 @@ sparse), as raw little-endian float32 (`Content-Type: application/octet-stream` 
 one `.npy` array (`application/x-npy`). Answers come back in the same family: JSON, raw arrays one after the
 other (described by the `X-Shape` and `X-Fields` headers), or one `.npy` (structured when it has several fields).
 
-**Errors** are `{"error": "..."}`: 400 bad input, 401 API key, 404 unknown model or missing part, 413 too big,
-415 content type, 503 overloaded (with `Retry-After`). KServe-style clients can use the Open Inference Protocol
-v2 routes under `/v2`.
+**Errors** are `{"error": "..."}`: 400 bad input (also finite values whose arithmetic overflows: answers are
+always finite), 401 API key, 404 unknown model or missing part, 413 too big, 415 content type, 503 overloaded
+(with `Retry-After`). KServe and Triton clients (`tritonclient.http`) can use the Open Inference Protocol v2
+routes under `/v2`, with JSON or binary tensor data.
 """
 
 
@@ -120,6 +121,7 @@ def create_app(model=None, *, settings=None, **options):
         await anyio.to_thread.run_sync(service.warm_up)
         yield
         service.ready = False
+        service.metrics.close()
 
     app = FastAPI(title="qkm inference service", version=__version__, description=_DESCRIPTION,
                   lifespan=lifespan)
@@ -133,10 +135,11 @@ def create_app(model=None, *, settings=None, **options):
 def _add_routes(app, service):
     s = service.settings
     name = s.model_name
+    n_features = service.backend.n_features  # the examples of the API docs are valid requests for this model
 
     # -- inference --------------------------------------------------------- #
     @app.post("/assign", tags=["inference"], summary="Nearest centroid of each row",
-              openapi_extra=docs.rows_request_body(),
+              openapi_extra=docs.rows_request_body(n_features),
               responses=docs.result_responses(docs.AssignResult, "labels as int64 then sq_distances as float64, "
                                                                   "little-endian; headers X-Shape: B and X-Fields."))
     async def assign(request: Request):
@@ -144,10 +147,11 @@ def _add_routes(app, service):
         return await service.answer(request, "/assign", service.assign_answer, inline_ok=True)
 
     @app.post("/search", tags=["inference"], summary="Approximate k nearest training rows",
-              openapi_extra={**docs.rows_request_body({"k": {"type": "integer", "minimum": 1},
-                                                       "nprobe": {"type": "integer", "minimum": 1}},
-                                                      {"k": 2, "nprobe": 3}),
-                             "parameters": docs.rows_request_body()["parameters"] + docs.search_parameters()},
+              openapi_extra={**docs.rows_request_body(n_features, {"k": {"type": "integer", "minimum": 1},
+                                                                   "nprobe": {"type": "integer", "minimum": 1}},
+                                                      {"k": 2, "nprobe": min(3, int(service.model.n_clusters))}),
+                             "parameters": docs.rows_request_body(n_features)["parameters"]
+                             + docs.search_parameters()},
               responses={**docs.result_responses(docs.SearchResult, "indices int64, distances float64 and (if "
                                                                     "present) labels int64, each B x k; headers "
                                                                     "X-Shape: B,k and X-Fields."),
@@ -161,7 +165,7 @@ def _add_routes(app, service):
         return await service.answer(request, "/search", service.search_answer)
 
     @app.post("/features", tags=["inference"], summary="Nyström RBF features of each row",
-              openapi_extra=docs.rows_request_body(),
+              openapi_extra=docs.rows_request_body(n_features),
               responses={**docs.result_responses(docs.FeaturesResult, "features float64, B x n_components; "
                                                                       "headers X-Shape and X-Fields."),
                          404: {"model": docs.ErrorBody, "description": "The model has no Nyström map."}})
@@ -179,8 +183,7 @@ def _add_routes(app, service):
         return {"live": True}
 
     @app.get("/readyz", tags=["health"], summary="Readiness",
-             responses={200: {"content": {"application/json": {"example": {"ready": True}}}},
-                        503: {"content": {"application/json": {"example": {"ready": False, "error": "warming up"}}}}})
+             responses={200: {"content": {"application/json": {"example": {"ready": True}}}}, **docs.NOT_READY})
     async def readyz():
         """200 once the model is loaded and every inference path ran once; 503 before and during shutdown."""
         return _readiness(service)
@@ -190,19 +193,22 @@ def _add_routes(app, service):
                  "name": "fashion_mnist_qkmeans", "kind": "factor-chain", "n_clusters": 10, "n_features": 784,
                  "nnz": 2648, "compression": 2.96, "flops": 5296, "qkm_version": "0.1.0",
                  "checksum": "sha256:...", "has_index": True, "has_features": True, "metadata": {},
-                 "serving": {}}}}}})
+                 "serving": {}}}}}, **docs.COMMON_RESPONSES})
     async def model_info():
         """Kind, K, D, nnz, compression, FLOPs, qkm version, content checksum, parts, training metadata, limits."""
         return service.describe()
 
     @app.get("/metrics", tags=["model"], summary="Prometheus metrics", response_class=Response,
              responses={200: {"content": {"text/plain": {"example": 'qkm_requests_total{endpoint="/assign",'
-                                                                    'status="200"} 12\n'}}}})
-    async def metrics():
+                                                                    'status="200"} 12.0\n'},
+                                          "application/openmetrics-text": {"schema": {"type": "string"}}}},
+                        **docs.COMMON_RESPONSES})
+    async def metrics(request: Request):
         """Requests by endpoint and status, latency and rows-per-request histograms, rows answered, in-flight
-        requests (Prometheus text format 0.0.4; per worker)."""
-        service.metrics.in_flight = service.in_flight.count
-        return Response(service.metrics.render(), media_type=METRICS_CONTENT_TYPE)
+        requests, live workers (prometheus_client: Prometheus text format, or OpenMetrics when the Accept header
+        asks for it; with several workers, the sum over all of them)."""
+        body, content_type = service.metrics.render(request.headers.get("accept"))
+        return Response(body, headers={"Content-Type": content_type})
 
     # -- Open Inference Protocol v2 ------------------------------------------ #
     oip = ["Open Inference Protocol v2"]
@@ -211,43 +217,52 @@ def _add_routes(app, service):
         if model_name != name:
             raise RequestError(404, f"unknown model {model_name[:100]!r}; this server serves {name!r}.")
 
-    @app.get("/v2", tags=oip, summary="Server metadata")
+    @app.get("/v2", tags=oip, summary="Server metadata", responses=docs.COMMON_RESPONSES)
     async def v2_server():
-        return {"name": "qkm", "version": __version__, "extensions": []}
+        return {"name": "qkm", "version": __version__, "extensions": EXTENSIONS}
 
     @app.get("/v2/health/live", tags=oip, summary="Liveness")
     async def v2_live():
         return {"live": True}
 
-    @app.get("/v2/health/ready", tags=oip, summary="Readiness")
+    @app.get("/v2/health/ready", tags=oip, summary="Readiness", responses=docs.NOT_READY)
     async def v2_ready():
         return _readiness(service)
 
+    distance_dtype = "float32" if s.backend == "onnx" else "float64"
+
     @app.get("/v2/models/{model_name}", tags=oip, summary="Model metadata",
-             responses={404: {"model": docs.ErrorBody, "description": "Unknown model name."}})
+             responses={**docs.UNKNOWN_MODEL, **docs.COMMON_RESPONSES})
     async def v2_model(model_name: str):
         """Input ``X`` FP32 ``[-1, D]``; outputs ``label`` INT64 and ``distance`` (squared) ``[-1]``."""
         check_name(model_name)
         desc = service.model.describe()
         params = {k: desc.get(k) for k in ("kind", "n_clusters", "n_features", "nnz", "compression", "checksum")}
         params.update(backend=s.backend, distance="squared euclidean")
-        distance_dtype = "float32" if s.backend == "onnx" else "float64"
-        return model_metadata(name, service.backend.n_features, distance_dtype, params)
+        return model_metadata(name, n_features, distance_dtype, params)
 
-    @app.get("/v2/models/{model_name}/ready", tags=oip, summary="Model readiness")
+    @app.get("/v2/models/{model_name}/ready", tags=oip, summary="Model readiness",
+             responses={**docs.UNKNOWN_MODEL, **docs.NOT_READY, **docs.COMMON_RESPONSES})
     async def v2_model_ready(model_name: str):
         check_name(model_name)
         return _readiness(service)
 
-    @app.post("/v2/models/{model_name}/infer", tags=oip, summary="Assign rows (v2 tensors)",
-              openapi_extra=docs.OIP_INFER_BODY,
-              responses={200: {"model": docs.InferResponse}, **docs.ERROR_RESPONSES,
-                         404: {"model": docs.ErrorBody, "description": "Unknown model name."}})
-    async def v2_infer(model_name: str, request: Request):
-        """The v2 REST infer call: input tensor ``X`` [B, D] in, ``label`` and ``distance`` out."""
+    @app.get("/v2/models/{model_name}/config", tags=oip, summary="Model configuration",
+             responses={**docs.UNKNOWN_MODEL, **docs.COMMON_RESPONSES})
+    async def v2_model_config(model_name: str):
+        """The model's configuration in Triton's layout (what ``tritonclient`` ``get_model_config`` reads)."""
         check_name(model_name)
-        return await service.answer(request, "/v2/models/{model_name}/infer", service.infer_answer, kinds=(JSON,),
-                                    inline_ok=True)
+        return model_config(name, n_features, distance_dtype, s.max_batch_rows)
+
+    @app.post("/v2/models/{model_name}/infer", tags=oip, summary="Assign rows (v2 tensors)",
+              openapi_extra=docs.oip_infer_body(n_features), responses=docs.oip_infer_responses())
+    async def v2_infer(model_name: str, request: Request):
+        """The v2 REST infer call: input tensor ``X`` [B, D] in, ``label`` and ``distance`` out, as JSON or as
+        binary tensor data (the extension ``tritonclient.http`` uses by default)."""
+        check_name(model_name)
+        handler = functools.partial(service.infer_answer, header_length=request.headers.get(HEADER_LENGTH))
+        return await service.answer(request, "/v2/models/{model_name}/infer", handler, kinds=(JSON, OCTET),
+                                    inline_ok=True, x_shape=False)
 
 
 def _readiness(service):

@@ -99,6 +99,22 @@ class InferenceBackend:
         return np.dtype(np.float32) if self._session is not None else np.dtype(self.model.operator.dtype)
 
     @property
+    def max_row_norm(self):
+        """Largest Euclidean norm of a request row that the distance arithmetic takes without overflow.
+
+        ``||x||^2 - 2 x.v + ||v||^2`` is accumulated in float64 by the
+        operator (float32 in onnxruntime) with the products ``x.v`` in the
+        model's dtype: ``||x||^2`` and ``||x|| max_k ||v_k||`` must stay well
+        inside those ranges (a margin of 64 covers the sums and the indexed
+        training rows, which lie near their centroids). Realistic data is
+        orders of magnitude below it.
+        """
+        accumulate = np.finfo(np.float32 if self._session is not None else np.float64).max
+        products = np.finfo(self.dtype).max
+        largest_centroid = float(np.sqrt(np.max(self.model.sq_norms)))
+        return float(min(np.sqrt(accumulate / 64), products / 64 / max(largest_centroid, 1.0)))
+
+    @property
     def has_index(self):
         return getattr(self.model, "index", None) is not None
 

@@ -20,6 +20,7 @@ CSR) rows with the model's feature count, finite values and at most
 
 import io
 import json
+import math
 from itertools import chain
 
 import numpy as np
@@ -31,7 +32,8 @@ from .errors import RequestError
 
 __all__ = [
     "JSON", "OCTET", "NPY", "media_kind", "parse_shape_header", "decode_json", "rows_from_json",
-    "rows_from_octet", "rows_from_npy", "validate_rows", "int_param", "check_batch", "numeric_array",
+    "rows_from_octet", "rows_from_npy", "validate_rows", "check_row_norms", "int_param", "check_batch",
+    "numeric_array",
 ]
 
 JSON, OCTET, NPY = "json", "octet-stream", "npy"
@@ -97,8 +99,21 @@ def parse_shape_header(value, n_features, max_rows):
     return shape
 
 
+def _reject_booleans(obj, where="the body"):
+    """400 if a JSON list holds ``true``/``false``: numpy would read them as 1 and 0 (flags in objects are fine)."""
+    if isinstance(obj, dict):
+        for key, value in obj.items():
+            _reject_booleans(value, f"'{key}'")
+    elif isinstance(obj, list):
+        for value in obj:
+            if isinstance(value, bool):
+                raise RequestError(400, f"{where} must hold numbers; found booleans (true/false).")
+            if isinstance(value, (list, dict)):
+                _reject_booleans(value, where)
+
+
 def decode_json(body):
-    """The JSON object of a request body (400 if it is not one)."""
+    """The JSON object of a request body (400 if it is not one, or if its lists hold booleans)."""
     try:
         obj = json.loads(body)
     except RecursionError:
@@ -110,6 +125,8 @@ def decode_json(body):
     if not isinstance(obj, dict):
         raise RequestError(400, f"the JSON body must be an object such as {{\"instances\": [[...]]}}; "
                                 f"got a {type(obj).__name__}.")
+    if b"true" in body or b"false" in body:  # rare: only then walk the lists (a scan of bytes is cheap)
+        _reject_booleans(obj)
     return obj
 
 
@@ -179,6 +196,9 @@ def _sparse_rows(indices, values, n_features, max_rows):
     np.cumsum(lengths, out=indptr[1:])
     flat_idx = numeric_array(list(chain.from_iterable(indices)), "'indices'")
     flat_val = numeric_array(list(chain.from_iterable(values)), "'values'")
+    if flat_idx.ndim != 1 or flat_val.ndim != 1:
+        raise RequestError(400, "each row of 'indices' and 'values' must be a flat list of numbers "
+                                "(found nested lists).")
     if flat_idx.size and flat_idx.dtype.kind not in "iu":
         raise RequestError(400, "'indices' must hold integer column indices.")
     if flat_idx.size:
@@ -233,11 +253,14 @@ def rows_from_npy(body, n_features, max_rows):
     return np.frombuffer(data, dtype=dtype).reshape(shape, order="F" if fortran_order else "C")
 
 
-def validate_rows(X, n_features, max_rows, dtype):
+def validate_rows(X, n_features, max_rows, dtype, max_norm=None):
     """``X`` checked and converted for the model: finite, ``n_features`` columns, at most ``max_rows`` rows.
 
     Returns a C-contiguous ``dtype`` array or a canonical CSR matrix
     (:func:`qkm._validation.check_data`); any problem is a 400 naming it.
+    ``max_norm``: the largest Euclidean row norm the model's arithmetic takes
+    without overflow (:attr:`qkm.serve.backend.InferenceBackend.max_row_norm`);
+    a finite row above it would give an infinite, NaN or clamped distance.
     """
     check_batch(X.shape[0], max_rows, "the request")
     try:
@@ -246,11 +269,47 @@ def validate_rows(X, n_features, max_rows, dtype):
         check_feature_count(X, n_features, what="X", estimator="the model")
     except (ValueError, TypeError) as exc:
         raise RequestError(400, str(exc)) from None
+    if max_norm is not None:
+        check_row_norms(X, max_norm, dtype)
     return X
 
 
-def int_param(value, name, *, low, high, default=None):
+def check_row_norms(X, max_norm, dtype):
+    """400 naming the overflow if a row's Euclidean norm exceeds ``max_norm``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> check_row_norms(np.array([[3.0, 4.0]]), 10.0, np.float64)
+    >>> try:
+    ...     check_row_norms(np.array([[3.0, 4.0], [1e200, 0.0]]), 10.0, np.float64)
+    ... except RequestError as exc:
+    ...     print(exc.status, str(exc)[:60])
+    400 numeric overflow: row 1 has Euclidean norm 1e+200, too large
+    """
+    values = X.data if sp.issparse(X) else X
+    if values.size == 0 or float(np.abs(values).max()) * math.sqrt(X.shape[1]) <= max_norm:
+        return  # the common case: one pass, no norm needed
+    # norms without overflow: each row scaled by its largest magnitude first
+    X = (sp.csr_matrix(X, dtype=np.float64) if sp.issparse(X) else np.asarray(X, dtype=np.float64))
+    scale = (abs(X).max(axis=1).toarray().ravel() if sp.issparse(X) else np.abs(X).max(axis=1))
+    scale[scale == 0] = 1.0
+    scaled = sp.diags(1.0 / scale) @ X if sp.issparse(X) else X / scale[:, None]
+    sums = np.asarray(scaled.multiply(scaled).sum(axis=1)).ravel() if sp.issparse(X) else (scaled**2).sum(axis=1)
+    with np.errstate(over="ignore"):
+        norms = scale * np.sqrt(sums)
+    bad = np.flatnonzero(~(norms <= max_norm))
+    if bad.size:
+        raise RequestError(400, f"numeric overflow: row {int(bad[0])} has Euclidean norm "
+                                f"{float(norms[bad[0]]):.3g}, too large for the model's "
+                                f"{np.dtype(dtype)} arithmetic (its distances would overflow above "
+                                f"{max_norm:.3g}); scale the data down.")
+
+
+def int_param(value, name, *, low, high, default=None, text=True):
     """An integer parameter (query string or JSON) in ``[low, high]``, or ``default`` when absent.
+
+    ``text=False`` (a JSON value) refuses strings: ``"k": "3"`` is not an integer.
 
     Examples
     --------
@@ -259,7 +318,7 @@ def int_param(value, name, *, low, high, default=None):
     """
     if value is None:
         return default
-    if isinstance(value, bool) or not isinstance(value, (int, str)):
+    if isinstance(value, bool) or not isinstance(value, (int, str)) or (isinstance(value, str) and not text):
         raise RequestError(400, f"{name} must be an integer; got {type(value).__name__}.")
     try:
         value = int(value)

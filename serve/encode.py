@@ -13,6 +13,12 @@ A result is an ordered list of named arrays of one shape (``labels`` and
 ``npy``
     one ``.npy`` array: the array itself when there is one field, else a
     structured array with one field per name (``np.load(..)["labels"]``).
+
+One rule holds for every family and for the Open Inference Protocol routes
+(:func:`check_finite`): an answer is finite. Inputs are checked finite on the
+way in, but finite inputs can still overflow (squared norms of values near
+1e200 exceed float64's 1.8e308): such a request gets a 400 that names the
+overflow, never ``inf``/``NaN`` in a 200 body nor a 500.
 """
 
 import io
@@ -21,8 +27,9 @@ import json
 import numpy as np
 
 from .decode import JSON, NPY, OCTET
+from .errors import RequestError
 
-__all__ = ["encode_result", "MEDIA_TYPE"]
+__all__ = ["encode_result", "check_finite", "MEDIA_TYPE"]
 
 MEDIA_TYPE = {JSON: "application/json", OCTET: "application/octet-stream", NPY: "application/x-npy"}
 
@@ -33,6 +40,29 @@ _WIRE = {"i": np.dtype("<i8"), "u": np.dtype("<i8"), "f": np.dtype("<f8")}
 def _wire(arr):
     arr = np.asarray(arr)
     return np.ascontiguousarray(arr, dtype=_WIRE[arr.dtype.kind])
+
+
+def check_finite(fields):
+    """400 if a float result is not finite (the rows' values overflowed the arithmetic).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> check_finite([("sq_distances", np.array([1.0, 2.0]))])
+    >>> try:
+    ...     check_finite([("sq_distances", np.array([1.0, np.inf]))])
+    ... except RequestError as exc:
+    ...     print(exc.status, str(exc)[:46])
+    400 numeric overflow: sq_distances of row 1 is inf
+    """
+    for name, arr in fields:
+        arr = np.asarray(arr)
+        if arr.dtype.kind == "f" and not np.isfinite(arr).all():
+            at = np.argwhere(~np.isfinite(arr))[0]
+            raise RequestError(400, f"numeric overflow: {name} of row {int(at[0])} is {arr[tuple(at)]}: the row's "
+                                    f"values are finite but too large to compute with (their squares exceed the "
+                                    f"largest {arr.dtype} number, {float(np.finfo(arr.dtype).max):.3g}); scale "
+                                    f"the data down.")
 
 
 def encode_result(kind, fields):
@@ -54,6 +84,7 @@ def encode_result(kind, fields):
     b'{"labels": [1, 0]}'
     """
     arrays = [(name, _wire(arr)) for name, arr in fields]
+    check_finite(arrays)
     if kind == JSON:
         body = json.dumps({name: arr.tolist() for name, arr in arrays}, allow_nan=False).encode()
         return body, MEDIA_TYPE[JSON], {}

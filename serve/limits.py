@@ -50,7 +50,8 @@ async def read_body(request, max_bytes):
 class InFlightLimit:
     """At most ``limit`` requests inside :meth:`slot` at once; the next one gets 503.
 
-    Only used from the event loop thread, so a plain counter is enough.
+    Only used from the event loop thread, so a plain counter is enough;
+    ``gauge`` (the ``qkm_in_flight_requests`` metric) follows it.
 
     Examples
     --------
@@ -66,9 +67,10 @@ class InFlightLimit:
     0
     """
 
-    def __init__(self, limit):
+    def __init__(self, limit, gauge=None):
         self.limit = int(limit)
         self.count = 0
+        self.gauge = gauge  # a prometheus_client Gauge following the count, if given
 
     @contextlib.contextmanager
     def slot(self):
@@ -77,10 +79,14 @@ class InFlightLimit:
                                     f"retry after {RETRY_AFTER_SECONDS} s.",
                                headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
         self.count += 1
+        if self.gauge is not None:
+            self.gauge.inc()
         try:
             yield
         finally:
             self.count -= 1
+            if self.gauge is not None:
+                self.gauge.dec()
 
 
 class InferencePool:

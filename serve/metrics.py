@@ -1,20 +1,26 @@
-"""Request metrics of one worker, rendered in the Prometheus text format (version 0.0.4).
+"""Request metrics of the service, kept and exposed by ``prometheus_client``.
 
-Written by hand (the format is a few lines of text) so that the service needs
-no Prometheus client library. All updates happen on the event loop thread, so
-no lock is needed. Each uvicorn worker keeps its own counters; ``/metrics``
-answers for the worker that takes the scrape (its ``pid`` is in ``qkm_worker_info``).
+Every :class:`Metrics` has its own ``CollectorRegistry`` (several applications
+can live in one process, as in the tests). With ``qkm serve --workers N`` the
+runner sets ``PROMETHEUS_MULTIPROC_DIR`` before the workers start, so
+prometheus_client keeps the values in files there and ``/metrics`` answers for
+all workers at once (counters and histograms summed; the in-flight gauge
+summed over live workers). With one worker the values live in memory, and the
+standard ``process_*`` metrics of the process are added.
 """
 
-import bisect
-import math
 import os
-import time
 
-__all__ = ["Histogram", "Metrics", "LATENCY_BUCKETS", "ROW_BUCKETS", "CONTENT_TYPE"]
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, values
+from prometheus_client.exposition import choose_encoder
 
-#: Content type of the Prometheus text exposition format.
+__all__ = ["Metrics", "LATENCY_BUCKETS", "ROW_BUCKETS", "CONTENT_TYPE", "MULTIPROC_ENV", "multiprocess_mode"]
+
+#: Content type of the Prometheus text exposition format (the answer of ``/metrics`` to a plain Accept header).
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+#: The environment variable that turns prometheus_client's multiprocess mode on (read when it is imported).
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
 #: Upper bounds (seconds) of the request latency histogram.
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -23,54 +29,13 @@ LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0
 ROW_BUCKETS = tuple(float(2**i) for i in range(0, 15, 1))
 
 
-def _escape(value):
-    return str(value).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
-
-
-def _labels(pairs):
-    return "{" + ",".join(f'{name}="{_escape(value)}"' for name, value in pairs) + "}" if pairs else ""
-
-
-def _number(value):
-    if math.isinf(value):
-        return "+Inf" if value > 0 else "-Inf"
-    return repr(float(value)) if isinstance(value, float) else str(value)
-
-
-class Histogram:
-    """Observations counted into fixed buckets, with their sum (one label set).
-
-    Examples
-    --------
-    >>> h = Histogram((1.0, 5.0))
-    >>> for v in (0.5, 2.0, 7.0):
-    ...     h.observe(v)
-    >>> h.cumulative(), h.total, h.count
-    ([(1.0, 1), (5.0, 2), (inf, 3)], 9.5, 3)
-    """
-
-    def __init__(self, bounds):
-        self.bounds = tuple(bounds)
-        self.counts = [0] * (len(self.bounds) + 1)
-        self.total = 0.0
-        self.count = 0
-
-    def observe(self, value):
-        self.counts[bisect.bisect_left(self.bounds, value)] += 1
-        self.total += value
-        self.count += 1
-
-    def cumulative(self):
-        """``[(upper bound, observations <= bound), ..., (inf, count)]``."""
-        out, running = [], 0
-        for bound, n in zip(self.bounds + (math.inf,), self.counts):
-            running += n
-            out.append((bound, running))
-        return out
+def multiprocess_mode():
+    """Whether prometheus_client keeps its values in ``PROMETHEUS_MULTIPROC_DIR`` files (set before its import)."""
+    return values.ValueClass is not values.MutexValue
 
 
 class Metrics:
-    """Counters and histograms of the service.
+    """Counters, histograms and gauges of one worker, in their own registry.
 
     Parameters
     ----------
@@ -82,69 +47,72 @@ class Metrics:
     >>> m = Metrics({"name": "demo"})
     >>> m.observe_request("/assign", 200, 0.002)
     >>> m.observe_rows("/assign", 3)
-    >>> text = m.render()
-    >>> 'qkm_requests_total{endpoint="/assign",status="200"} 1' in text
+    >>> text = m.render()[0].decode()
+    >>> 'qkm_requests_total{endpoint="/assign",status="200"} 1.0' in text
     True
-    >>> 'qkm_rows_total{endpoint="/assign"} 3' in text
+    >>> 'qkm_rows_total{endpoint="/assign"} 3.0' in text
     True
     """
 
     def __init__(self, info=None):
-        self.info = dict(info or {})
-        self.requests = {}   # (endpoint, status) -> count
-        self.latency = {}    # endpoint -> Histogram
-        self.rows = {}       # endpoint -> rows answered
-        self.batch_rows = {}  # endpoint -> Histogram
-        self.in_flight = 0
-        self.started = time.time()
+        self.multiprocess = multiprocess_mode()
+        self.registry = registry = CollectorRegistry()
+        self._requests = Counter("qkm_requests", "HTTP requests answered, by endpoint (route template) and "
+                                 "status code.", ["endpoint", "status"], registry=registry)
+        self._latency = Histogram("qkm_request_duration_seconds", "Time from request start to the end of the "
+                                  "response.", ["endpoint"], buckets=LATENCY_BUCKETS, registry=registry)
+        self._rows = Counter("qkm_rows", "Rows answered (assigned, searched or featurised), by endpoint.",
+                             ["endpoint"], registry=registry)
+        self._batch_rows = Histogram("qkm_batch_rows", "Rows per answered inference request.", ["endpoint"],
+                                     buckets=ROW_BUCKETS, registry=registry)
+        self.in_flight = Gauge("qkm_in_flight_requests", "Inference requests being read, queued or computed "
+                               "(summed over the live workers).", registry=registry, multiprocess_mode="livesum")
+        self._workers = Gauge("qkm_workers", "Live worker processes serving the model.", registry=registry,
+                              multiprocess_mode="livesum")
+        self._workers.set(1)
+        info = {name: str(value) for name, value in sorted((info or {}).items())}
+        model_info = Gauge("qkm_model_info", "The model the workers serve (always 1).", list(info),
+                           registry=registry, multiprocess_mode="max")
+        (model_info.labels(**info) if info else model_info).set(1)
+        if not self.multiprocess:  # process_cpu_seconds_total, memory, open fds, start time of this process
+            ProcessCollector(registry=registry)
+        self._children = {}
+
+    def _child(self, metric, *labels):
+        """The labelled child of ``metric`` (cached: ``labels()`` costs a lock and a dict lookup)."""
+        key = (id(metric), labels)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*labels)
+        return child
 
     def observe_request(self, endpoint, status, seconds):
-        key = (endpoint, int(status))
-        self.requests[key] = self.requests.get(key, 0) + 1
-        hist = self.latency.get(endpoint)
-        if hist is None:
-            hist = self.latency[endpoint] = Histogram(LATENCY_BUCKETS)
-        hist.observe(seconds)
+        """One answered request: its route template, status code and duration."""
+        self._child(self._requests, endpoint, str(int(status))).inc()
+        self._child(self._latency, endpoint).observe(seconds)
 
     def observe_rows(self, endpoint, n_rows):
-        self.rows[endpoint] = self.rows.get(endpoint, 0) + int(n_rows)
-        hist = self.batch_rows.get(endpoint)
-        if hist is None:
-            hist = self.batch_rows[endpoint] = Histogram(ROW_BUCKETS)
-        hist.observe(n_rows)
+        """Rows answered by one inference request."""
+        self._child(self._rows, endpoint).inc(n_rows)
+        self._child(self._batch_rows, endpoint).observe(n_rows)
 
-    def render(self):
-        """All metrics in the Prometheus text format."""
-        lines = []
+    def render(self, accept=None):
+        """``(body, content type)`` of every metric: Prometheus text, or OpenMetrics if ``accept`` asks for it.
 
-        def family(name, kind, help_text):
-            lines.append(f"# HELP {name} {help_text}")
-            lines.append(f"# TYPE {name} {kind}")
+        In multiprocess mode the values of all workers (read from their files) are answered.
+        """
+        registry = self.registry
+        if self.multiprocess:
+            from prometheus_client import multiprocess
 
-        def histogram(name, hists):
-            for endpoint, hist in sorted(hists.items()):
-                for bound, n in hist.cumulative():
-                    lines.append(f"{name}_bucket{_labels([('endpoint', endpoint), ('le', _number(bound))])} {n}")
-                lines.append(f"{name}_sum{_labels([('endpoint', endpoint)])} {_number(hist.total)}")
-                lines.append(f"{name}_count{_labels([('endpoint', endpoint)])} {hist.count}")
+            registry = CollectorRegistry()
+            multiprocess.MultiProcessCollector(registry)
+        encoder, content_type = choose_encoder(accept)
+        return encoder(registry), content_type
 
-        family("qkm_requests_total", "counter",
-               "HTTP requests answered, by endpoint (route template) and status code.")
-        for (endpoint, status), n in sorted(self.requests.items()):
-            lines.append(f"qkm_requests_total{_labels([('endpoint', endpoint), ('status', status)])} {n}")
-        family("qkm_request_duration_seconds", "histogram", "Time from request start to the end of the response.")
-        histogram("qkm_request_duration_seconds", self.latency)
-        family("qkm_rows_total", "counter", "Rows answered (assigned, searched or featurised), by endpoint.")
-        for endpoint, n in sorted(self.rows.items()):
-            lines.append(f"qkm_rows_total{_labels([('endpoint', endpoint)])} {n}")
-        family("qkm_batch_rows", "histogram", "Rows per answered inference request.")
-        histogram("qkm_batch_rows", self.batch_rows)
-        family("qkm_in_flight_requests", "gauge", "Inference requests being read, queued or computed.")
-        lines.append(f"qkm_in_flight_requests {self.in_flight}")
-        family("qkm_model_info", "gauge", "The model this worker serves (always 1).")
-        lines.append(f"qkm_model_info{_labels(sorted(self.info.items()))} 1")
-        family("qkm_worker_info", "gauge", "The worker process that answered this scrape (always 1).")
-        lines.append(f"qkm_worker_info{_labels([('pid', os.getpid())])} 1")
-        family("qkm_process_start_time_seconds", "gauge", "Start time of the worker since the Unix epoch.")
-        lines.append(f"qkm_process_start_time_seconds {_number(self.started)}")
-        return "\n".join(lines) + "\n"
+    def close(self):
+        """Forget this process's live gauges (multiprocess mode): called when the worker stops."""
+        if self.multiprocess:
+            from prometheus_client import multiprocess
+
+            multiprocess.mark_process_dead(os.getpid())

@@ -8,25 +8,42 @@ onnxruntime session is ever shared across a fork). In both cases the model is
 first loaded once here, so that a missing or broken file fails at once with a
 clear message instead of inside a worker.
 
+With several workers, ``/metrics`` must answer for all of them:
+:func:`run` points ``PROMETHEUS_MULTIPROC_DIR`` at a fresh temporary directory
+(unless it is set already) before the workers start, so prometheus_client in
+each keeps its values in files there; the directory is removed when the server
+stops.
+
 SIGINT and SIGTERM stop the server gracefully (no new connections, in-flight
 requests finish, at most ``graceful_timeout`` seconds) and :func:`run` then
 returns normally, so ``qkm serve`` exits with status 0.
 """
 
+import contextlib
+import inspect
 import logging
 import os
+import shutil
 import signal
 import socket
+import tempfile
 
 from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
 from .app import create_app
 from .backend import load_model_file
+from .metrics import MULTIPROC_ENV
 from .settings import ServeSettings
 
-__all__ = ["run", "app_from_env", "NoDelayHTTPProtocol"]
+__all__ = ["run", "app_from_env", "NoDelayHTTPProtocol", "WORKER_HEALTHCHECK_SECONDS"]
 
 log = logging.getLogger("qkm.serve")
+
+#: Seconds a worker may take to answer uvicorn's health ping before it is killed and restarted. uvicorn's
+#: default, 5 s, is shorter than a worker's start on a busy machine: a spawned worker first re-imports
+#: ``qkm.cli`` (numpy, scipy, scikit-learn, numba: over 5 s at load average 6 on 2 cores) before its ping
+#: thread runs, so with 5 s every worker was killed and restarted in a loop and the server never came up.
+WORKER_HEALTHCHECK_SECONDS = 60
 
 
 class NoDelayHTTPProtocol(AutoHTTPProtocol):
@@ -95,13 +112,18 @@ def run(settings, *, host="127.0.0.1", port=8000, workers=1, log_level="info", a
     options = dict(host=host, port=port, log_level=log_level, access_log=access_log,
                    timeout_graceful_shutdown=graceful_timeout, log_config=_log_config(),
                    http="qkm.serve.runner:NoDelayHTTPProtocol")
+    metrics_dir = None
     if workers == 1:
         target = create_app(model, settings=settings)
     else:
         del model  # each worker loads its own
         os.environ.update(settings.to_env())
+        if not os.environ.get(MULTIPROC_ENV):  # prometheus_client's multiprocess mode, read by each new worker
+            metrics_dir = os.environ[MULTIPROC_ENV] = tempfile.mkdtemp(prefix="qkm-serve-metrics-")
         target = "qkm.serve.runner:app_from_env"
         options.update(factory=True, workers=workers)
+        if "timeout_worker_healthcheck" in inspect.signature(uvicorn.Config).parameters:  # uvicorn >= 0.30
+            options["timeout_worker_healthcheck"] = WORKER_HEALTHCHECK_SECONDS
     # uvicorn re-raises the stop signal once it has shut down gracefully; these no-op handlers take it, so a
     # requested stop ends with status 0 instead of a KeyboardInterrupt traceback or death by SIGTERM.
     previous = {sig: signal.signal(sig, _stopped) for sig in (signal.SIGINT, signal.SIGTERM)}
@@ -110,4 +132,8 @@ def run(settings, *, host="127.0.0.1", port=8000, workers=1, log_level="info", a
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+        if metrics_dir is not None:
+            with contextlib.suppress(KeyError):
+                del os.environ[MULTIPROC_ENV]
+            shutil.rmtree(metrics_dir, ignore_errors=True)
     return 0

@@ -9,12 +9,17 @@ thread pool, so the event loop only moves bytes. Assignment bodies of a few
 rows (``inline_body_bytes``) are answered on the event loop, where their
 microseconds of GIL-holding work cost less than the hand-off to a thread;
 search and features (whose cost grows with k, nprobe and K) always go to the pool.
+
+The limit holds for inline answers too: an admitted request yields to the event
+loop once before any work, so every request already received is admitted or
+refused before one of them computes (without it, inline requests would run one
+at a time, each alone in flight, and the rest would queue unseen).
 """
 
-import json
 import logging
 import os
 
+import anyio.lowlevel
 from fastapi.responses import Response
 
 from qkm import __version__
@@ -37,7 +42,7 @@ from .encode import MEDIA_TYPE, encode_result
 from .errors import RequestError
 from .limits import InferencePool, InFlightLimit, read_body
 from .metrics import Metrics
-from .oip import infer_response, rows_from_infer_request
+from .oip import HEADER_LENGTH, encode_infer_response, parse_infer_request
 
 __all__ = ["Service", "MAX_K"]
 
@@ -61,13 +66,14 @@ class Service:
         self.backend = InferenceBackend(model, settings.backend, settings.numba_threads)
         self.model = model
         self.ready = False
-        self.in_flight = InFlightLimit(settings.max_in_flight)
-        self.pool = InferencePool(settings.inference_threads)
         self.metrics = Metrics({
             "name": settings.model_name, "kind": getattr(model, "kind", "unknown"), "backend": settings.backend,
             "n_clusters": int(model.n_clusters), "n_features": int(model.n_features),
             "checksum": getattr(model, "checksum", None) or "",
         })
+        self.in_flight = InFlightLimit(settings.max_in_flight, gauge=self.metrics.in_flight)
+        self.max_row_norm = self.backend.max_row_norm  # larger rows overflow the distances: 400
+        self.pool = InferencePool(settings.inference_threads)
 
     # -- start-up ---------------------------------------------------------- #
     def warm_up(self):
@@ -101,7 +107,7 @@ class Service:
             X = rows_from_octet(body, shape)
         else:
             X = rows_from_npy(body, n_features, s.max_batch_rows)
-        return validate_rows(X, n_features, s.max_batch_rows, self.backend.dtype), obj
+        return validate_rows(X, n_features, s.max_batch_rows, self.backend.dtype, self.max_row_norm), obj
 
     def assign_answer(self, body, kind, shape, query):
         X, _ = self.rows(body, kind, shape)
@@ -110,9 +116,13 @@ class Service:
 
     def search_answer(self, body, kind, shape, query):
         X, obj = self.rows(body, kind, shape)
-        params = {**query, **{k: v for k, v in (obj or {}).items() if k in ("k", "nprobe")}}
-        k = int_param(params.get("k"), "k", low=1, high=MAX_K, default=1)
-        nprobe = int_param(params.get("nprobe"), "nprobe", low=1, high=int(self.model.n_clusters))
+        body = {k: v for k, v in (obj or {}).items() if k in ("k", "nprobe")}
+        if set(body) & set(query):
+            raise RequestError(400, f"{' and '.join(sorted(set(body) & set(query)))} given both in the query "
+                                    "string and in the body; give each once.")
+        k = int_param(body.get("k", query.get("k")), "k", low=1, high=MAX_K, default=1, text="k" in query)
+        nprobe = int_param(body.get("nprobe", query.get("nprobe")), "nprobe", low=1,
+                           high=int(self.model.n_clusters), text="nprobe" in query)
         distances, indices, labels = _client_errors(self.backend.search, X, k, nprobe)
         fields = [("indices", indices), ("distances", distances)]
         if labels is not None:
@@ -124,22 +134,32 @@ class Service:
         features = _client_errors(self.backend.features, X)
         return (*encode_result(kind, [("features", features)]), X.shape[0])
 
-    def infer_answer(self, body, kind, shape, query):
-        obj = decode_json(body)
-        X, outputs, request_id = rows_from_infer_request(obj, self.backend.n_features, self.settings.max_batch_rows)
-        X = validate_rows(X, self.backend.n_features, self.settings.max_batch_rows, self.backend.dtype)
+    def infer_answer(self, body, kind, shape, query, header_length=None):
+        """Open Inference Protocol v2 infer: JSON or binary tensors in, the same out (``header_length``: the
+        ``Inference-Header-Content-Length`` header of a body with binary tensors)."""
+        s, n_features = self.settings, self.backend.n_features
+        if kind == OCTET and header_length is None:
+            raise RequestError(400, "an application/octet-stream infer request is JSON then binary tensor data: "
+                                    f"it needs the {HEADER_LENGTH} header (the JSON's length).")
+        X, outputs, request_id = parse_infer_request(body, header_length, n_features, s.max_batch_rows)
+        X = validate_rows(X, n_features, s.max_batch_rows, self.backend.dtype, self.max_row_norm)
         labels, sq_dist = _client_errors(self.backend.assign, X)
-        out = infer_response(self.settings.model_name, request_id, outputs, labels, sq_dist)
-        return json.dumps(out).encode(), MEDIA_TYPE[JSON], {}, X.shape[0]
+        return (*encode_infer_response(s.model_name, request_id, outputs, labels, sq_dist), X.shape[0])
 
     # -- the route body shared by every inference endpoint ------------------- #
-    async def answer(self, request, endpoint, handler, kinds=(JSON, OCTET, NPY), inline_ok=False):
+    async def answer(self, request, endpoint, handler, kinds=(JSON, OCTET, NPY), inline_ok=False, x_shape=True):
+        """Admit, read and answer one inference request with ``handler(body, kind, shape, query)``.
+
+        ``x_shape``: an octet-stream body is rows described by an ``X-Shape``
+        header, checked before the body is read (False: the handler parses it).
+        """
         with self.in_flight.slot():
+            await anyio.lowlevel.checkpoint()  # let every request already received be admitted before work
             kind = media_kind(request.headers.get("content-type"))
             if kind not in kinds:
                 raise RequestError(415, f"{endpoint} takes {' or '.join(MEDIA_TYPE[k] for k in kinds)}.")
             shape = None
-            if kind == OCTET:
+            if kind == OCTET and x_shape:
                 shape = parse_shape_header(request.headers.get("x-shape"), self.backend.n_features,
                                            self.settings.max_batch_rows)
             body = await read_body(request, self.settings.max_body_bytes)

@@ -22,23 +22,26 @@ SETTINGS_ENV = "QKM_SERVE_SETTINGS"
 #: Environment variable holding the API key (``qkm serve --api-key`` sets it for the workers).
 API_KEY_ENV = "QKM_API_KEY"
 
-#: The demo model shipped in ``models/`` (rebuilt by ``make models``).
+#: The demo model shipped in ``models/`` (the :mod:`qkm.models` package; rebuilt by ``make models``).
 DEMO_MODEL_NAME = "fashion_mnist_qkmeans.qkm"
 
 
 def demo_model_path():
-    """Path of the demo model shipped in the repository's ``models/`` directory.
+    """Path of the demo model shipped as :mod:`qkm.models` (the repository's ``models/`` directory).
 
-    ``qkm serve`` with no model argument serves it. It is found next to the
-    ``serve/`` source directory, which is where it lives in a clone (also after
-    ``pip install -e .``). Whether the file exists is not checked here.
+    ``qkm serve`` with no model argument serves it. The wheel installs it as
+    package data (``site-packages/qkm/models/``); in a clone installed with
+    ``pip install -e .`` it is the repository's ``models/`` directory. Whether
+    the file exists is not checked here.
 
     Examples
     --------
     >>> demo_model_path().name
     'fashion_mnist_qkmeans.qkm'
     """
-    return Path(__file__).resolve().parent.parent / "models" / DEMO_MODEL_NAME
+    import qkm.models
+
+    return Path(qkm.models.__file__).resolve().parent / DEMO_MODEL_NAME
 
 
 @dataclasses.dataclass(frozen=True)

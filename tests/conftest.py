@@ -1,6 +1,7 @@
 import os
 
-# the 1-vs-2-thread tests need numba to allow 2 threads even on a 1-core machine
+# the 1-vs-2-thread tests need numba to allow 2 threads even on a 1-core machine; a NUMBA_NUM_THREADS set by the
+# user (NUMBA_NUM_THREADS=1 make test) is kept, and the tests marked needs_threads(n) then skip
 os.environ.setdefault("NUMBA_NUM_THREADS", str(max(2, os.cpu_count() or 1)))
 
 import numpy as np
@@ -13,6 +14,17 @@ CONTAINERS = {
     "csr_matrix": sp.csr_matrix,
     "csr_array": sp.csr_array,
 }
+
+
+def pytest_runtest_setup(item):
+    """``@pytest.mark.needs_threads(n)``: skip the test when numba may use fewer than ``n`` threads."""
+    marker = item.get_closest_marker("needs_threads")
+    if marker is not None:
+        import numba
+
+        needed, available = int(marker.args[0]), numba.config.NUMBA_NUM_THREADS
+        if available < needed:
+            pytest.skip(f"needs {needed} numba threads; NUMBA_NUM_THREADS={available} here")
 
 
 @pytest.fixture(scope="session")

@@ -10,11 +10,13 @@ with warnings.catch_warnings():  # starlette asks for "httpx2"; the httpx TestCl
     from fastapi.testclient import TestClient
 
 import qkm
-from qkm.export import FORMAT_VERSION, load_model, save_model, to_onnx
+from qkm.export import FORMAT_VERSION, ModelFormatError, load_model, save_model, to_onnx
+from qkm.export._safe import header_checksum
 from qkm.export.onnx import onnx_session
 from qkm.serve import create_app
 
 import naive
+from test_model_file import read_entries, write_entries
 
 
 @pytest.fixture(scope="module")
@@ -30,12 +32,24 @@ def test_the_mean_survives_save_and_load(centred, tmp_path):
     path = tmp_path / "c.qkm"
     save_model(est, path)
     model = load_model(path)
-    assert model.format_version == FORMAT_VERSION == 3 and model.metadata["centered"]
+    assert model.format_version == FORMAT_VERSION == 4 and model.metadata["centered"]
     np.testing.assert_array_equal(model.operator.mean, est.mean_)
     np.testing.assert_array_equal(model.operator.to_dense(), est.cluster_centers_)
     np.testing.assert_array_equal(model.predict(X), est.predict(X))
     labels, _ = naive.assign(X, est.cluster_centers_)
     np.testing.assert_array_equal(model.predict(X), labels)
+
+
+def test_a_mean_in_a_file_older_than_version_4_is_refused(centred, tmp_path):
+    """Means came with format version 4: a version-3 header (resealed) over a mean is a format error."""
+    _, est = centred
+    save_model(est, tmp_path / "c.qkm")
+    header, entries = read_entries(tmp_path / "c.qkm")
+    header["format_version"] = 3
+    header["checksum"] = header_checksum(header)
+    write_entries(tmp_path / "v3.qkm", header, entries)
+    with pytest.raises(ModelFormatError, match="version-3 file"):
+        load_model(tmp_path / "v3.qkm")
 
 
 def test_onnx_labels_are_predict(centred):

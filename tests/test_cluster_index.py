@@ -167,6 +167,7 @@ def test_bad_inputs_raise_clear_errors(data, qk):
         ClusterIndex(object()).fit(X)
 
 
+@pytest.mark.needs_threads(2)
 def test_identical_for_one_and_two_threads(data, qk):
     X, y, Xq, _ = data
     runs = []

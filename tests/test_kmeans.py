@@ -89,6 +89,7 @@ def test_lloyd_and_elkan_identical_on_sparse(sparse_text_like):
     assert a.inertia_ == b.inertia_ and a.n_iter_ == b.n_iter_
 
 
+@pytest.mark.needs_threads(2)
 @pytest.mark.parametrize("algorithm", ["lloyd", "elkan"])
 @pytest.mark.parametrize("container", ["dense", "csr_matrix"])
 def test_one_and_two_threads_identical(blobs, sparse_text_like, algorithm, container):

@@ -189,6 +189,7 @@ def test_more_components_than_samples_warns_and_uses_all(data):
     assert ny.n_components_ == 20 and ny.transform(X).shape == (300, 20)
 
 
+@pytest.mark.needs_threads(2)
 def test_identical_for_one_and_two_threads(data):
     X, Xt = data
     runs = []

@@ -146,6 +146,7 @@ def _bucket_name(n):
     return _bucket(n)[0]
 
 
+@pytest.mark.needs_threads(2)
 @pytest.mark.parametrize("path", ["auto", "fused-block", "fused-sample", "scipy", "dense"])
 @pytest.mark.parametrize("sparse", [False, True])
 def test_results_do_not_depend_on_the_thread_count(path, sparse):

@@ -101,11 +101,14 @@ def test_sparse_input_gives_the_same_model(blobs):
     np.testing.assert_allclose(a.cluster_centers_, b.cluster_centers_, rtol=1e-8, atol=1e-10)
 
 
+@pytest.mark.needs_threads(2)
 def test_reproducible_and_thread_invariant(blobs):
+    from threadpoolctl import threadpool_limits
+
     X = blobs[0]
     runs = []
-    for threads in (1, 2, 2):
-        with numba_threads(threads):
+    for threads in (1, 2, 2):  # numba threads, and as many BLAS threads around the fit (pinned to 1 inside)
+        with numba_threads(threads), threadpool_limits(limits=threads, user_api="blas"):
             est = QKMeans(5, sparsity_level=2, max_iter=5, palm_max_iter=20, random_state=3, n_jobs=threads).fit(X)
         runs.append(est)
     for other in runs[1:]:

@@ -174,6 +174,8 @@ def test_bad_oip_requests_give_400(client, case):
 def test_oip_unknown_model_and_content_type(client):
     assert_error(client.post("/v2/models/other/infer", json={"inputs": []}), 404, "unknown model")
     r = client.post("/v2/models/m/infer", content=b"x", headers={"Content-Type": OCTET, "X-Shape": "1,12"})
+    assert_error(r, 400, "Inference-Header-Content-Length")  # binary tensor data needs its JSON's length
+    r = client.post("/v2/models/m/infer", content=b"x", headers={"Content-Type": "application/x-npy"})
     assert_error(r, 415, "application/json")
 
 
@@ -239,7 +241,7 @@ def test_client_hanging_up_mid_body_is_counted_as_499(model):
              "server": ("127.0.0.1", 2)}
     asyncio.run(app(scope, receive, send))
     assert sent[0]["status"] == 499
-    assert 'qkm_requests_total{endpoint="/assign",status="499"} 1' in app.state.service.metrics.render()
+    assert 'qkm_requests_total{endpoint="/assign",status="499"} 1.0' in app.state.service.metrics.render()[0].decode()
 
 
 def test_too_many_rows_gives_413(client):
@@ -290,7 +292,7 @@ def test_overload_gives_503_with_retry_after(model):
         assert service.in_flight.count == 0
         assert_still_serving(client)
         metrics = client.get("/metrics").text
-        assert 'qkm_requests_total{endpoint="/assign",status="503"} 1' in metrics
+        assert 'qkm_requests_total{endpoint="/assign",status="503"} 1.0' in metrics
 
 
 def test_unexpected_failure_gives_500_json_and_the_server_recovers(model):

@@ -26,14 +26,15 @@ def free_port():
 class Server:
     """``qkm serve ...`` in a subprocess, its output in a log file."""
 
-    def __init__(self, args, log_path, env=None):
+    def __init__(self, args, log_path, env=None, program=QKM, cwd=None):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
         self.log = open(log_path, "wb")
-        self.proc = subprocess.Popen([*QKM, "serve", *args, "--port", str(self.port)], stdout=self.log,
+        self.proc = subprocess.Popen([*program, "serve", *args, "--port", str(self.port)], stdout=self.log,
                                      stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     env={**os.environ, **(env or {})})
+                                     env={**os.environ, **(env or {})}, cwd=cwd,
+                                     start_new_session=True)  # its own process group: close() ends the workers too
 
     def output(self):
         if not self.log.closed:
@@ -62,7 +63,7 @@ class Server:
 
     def close(self):
         if self.proc.poll() is None:
-            self.proc.kill()
+            os.killpg(self.proc.pid, signal.SIGKILL)  # the uvicorn parent and its workers, never orphans
             self.proc.wait()
         self.log.close()
 
@@ -101,10 +102,14 @@ def test_serve_demo_model_and_stop_with_sigint(tmp_path, rows):
 
 
 def test_two_workers_with_api_key_stop_with_sigterm(tmp_path, rows):
+    (tmp_path / "tmp").mkdir()
     server = Server([str(demo_model_path()), "--workers", "2", "--model-name", "demo"], tmp_path / "serve.log",
-                    env={"QKM_API_KEY": "k3y-for-test"})
+                    env={"QKM_API_KEY": "k3y-for-test", "TMPDIR": str(tmp_path / "tmp")})
     try:
         server.wait_ready()
+        deadline = time.monotonic() + 90
+        while server.output().count("warmed up") < 2 and time.monotonic() < deadline:  # /readyz: one of them
+            time.sleep(0.1)
         with httpx.Client(base_url=server.url, timeout=30) as client:
             assert client.post("/assign", json={"instances": rows[:2].tolist()}).status_code == 401
             body = {"inputs": [{"name": "X", "shape": [2, 784], "datatype": "FP32",
@@ -112,6 +117,11 @@ def test_two_workers_with_api_key_stop_with_sigterm(tmp_path, rows):
             for _ in range(4):  # spread over both workers
                 r = client.post("/v2/models/demo/infer", json=body, headers={"X-API-Key": "k3y-for-test"})
                 assert r.status_code == 200 and r.json()["outputs"][0]["shape"] == [2]
+            # prometheus_client's multiprocess mode: whichever worker takes the scrape answers for both
+            for _ in range(3):
+                metrics = client.get("/metrics", headers={"X-API-Key": "k3y-for-test"}).text
+                assert 'qkm_requests_total{endpoint="/v2/models/{model_name}/infer",status="200"} 4.0' in metrics
+                assert "qkm_workers 2.0" in metrics
     except BaseException:
         server.close()
         raise
@@ -119,6 +129,7 @@ def test_two_workers_with_api_key_stop_with_sigterm(tmp_path, rows):
     log = server.output()
     assert log.count("warmed up") == 2  # each worker loaded and warmed its own model
     assert "k3y-for-test" not in log and "Traceback" not in log
+    assert not list((tmp_path / "tmp").iterdir())  # the metrics directory of the workers is removed
 
 
 @pytest.mark.parametrize("content, message", [(None, "model file not found"), (b"junk", "not a qkm model file")])

@@ -1,0 +1,330 @@
+"""Lloyd in-process vs on a Dask LocalCluster (1 and 2 workers): time, traffic and memory per iteration.
+
+Data sets (built once into ``benchmarks/.cache/``, not committed):
+
+* ``20news-tfidf``: 20 Newsgroups bydate train+test, ``TfidfVectorizer()`` (the
+  vectoriser and cache of ``train_sparse.py``), cut with ``qkm shard``;
+* ``generated``: a sparse 2,000,000 x 100,000 matrix of density 1e-4 (rows
+  draw most terms from one of 200 topics, values exponential, rows
+  L2-normalised), written to ``.npz`` and cut with ``qkm shard``.
+
+Every configuration runs in a fresh subprocess from the same initial centres
+(k-means++ on a 100,000-row sample), ``tol=0`` and a fixed iteration count,
+after one warm-up iteration (numba caches, page cache):
+
+* ``inproc-1t`` / ``inproc-2t``: ``qkm.KMeans.fit`` on the data loaded in memory
+  (``load_data`` on the shard directory), 1 or 2 numba threads;
+* ``dask-1w`` / ``dask-2w``: ``KMeans.fit(ShardedData(DIR, client))`` on a
+  ``LocalCluster`` of 1 or 2 worker processes (1 thread each, 127.0.0.1).
+
+Measured: median seconds per iteration, bytes driver -> workers and workers ->
+driver per iteration (what the driver scattered and received) plus worker ->
+worker bytes (Dask's transfer counters), peak RSS of the driver during the fit
+and of each worker, the inertia (must equal in-process to the last bit), the
+time of one K x D float64 round trip driver <-> worker, and ``uptime`` load.
+The machine has 2 shared cores, so the 2-worker speed-up depends on the load.
+
+Usage::
+
+    .venv/bin/python benchmarks/distributed.py                 # full run (about 40 min)
+    .venv/bin/python benchmarks/distributed.py --quick         # smoke test: small generated matrix
+"""
+
+import argparse
+import json
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import scipy.sparse as sp
+
+BENCH_DIR = Path(__file__).resolve().parent
+sys.path.insert(0, str(BENCH_DIR))
+import train_sparse as TS  # noqa: E402  (the 20 Newsgroups vectoriser and cache)
+from _machine import cpu_name  # noqa: E402
+
+# this file is named like the dask package: keep its folder off the path so `import distributed` finds dask's
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != BENCH_DIR]
+
+REPO_DIR = BENCH_DIR.parent
+QKM = str(Path(sys.executable).with_name("qkm"))
+CONFIGS = ("inproc-1t", "dask-1w", "dask-2w", "inproc-2t")
+
+
+def uptime_load():
+    with open("/proc/loadavg") as f:
+        return [float(v) for v in f.read().split()[:3]]
+
+
+def vm_kb(field):
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    return 0
+
+
+def reset_peak():
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
+
+
+# --------------------------------------------------------------------------- data
+
+
+def generate(path, n_rows, n_features, density, seed=0, chunk=100_000, n_topics=200):
+    """Topic-structured sparse rows, written as an uncompressed .npz (built chunk by chunk)."""
+    rng = np.random.default_rng(seed)
+    per_topic = n_features // n_topics
+    parts = []
+    for start in range(0, n_rows, chunk):
+        m = min(chunk, n_rows - start)
+        nnz_row = np.maximum(1, rng.poisson(density * n_features, size=m))
+        topic = rng.integers(0, n_topics, size=m)
+        total = int(nnz_row.sum())
+        row = np.repeat(np.arange(m), nnz_row)
+        in_topic = rng.random(total) < 0.7
+        col = np.where(in_topic, np.repeat(topic, nnz_row) * per_topic + rng.integers(0, per_topic, total),
+                       rng.integers(0, n_features, total))
+        vals = rng.exponential(size=total)
+        X = sp.csr_matrix((vals, (row, col)), shape=(m, n_features))
+        X.sum_duplicates()
+        norms = np.sqrt(np.asarray(X.multiply(X).sum(axis=1)).ravel())
+        X = sp.csr_matrix(sp.diags(1.0 / norms) @ X)
+        parts.append(X)
+    X = sp.vstack(parts, format="csr")
+    with TS.atomic_path(path) as tmp:
+        with open(tmp, "wb") as f:
+            sp.save_npz(f, X, compressed=False)
+
+
+def shard(source, directory, rows_per_shard):
+    if not (Path(directory) / "manifest.json").exists():
+        subprocess.run([QKM, "shard", str(source), "-o", str(directory), "--rows-per-shard", str(rows_per_shard)],
+                       check=True)
+    return str(directory)
+
+
+def prepare(args):
+    cache = Path(args.cache_dir)
+    cache.mkdir(parents=True, exist_ok=True)
+    sets = {}
+    if "20news-tfidf" in args.datasets:
+        npz = TS.ensure_matrix("20news-tfidf", args.data_dir, cache, None)
+        sets["20news-tfidf"] = shard(npz, cache / "dist_20news-tfidf_shards", 4096)
+    if "generated" in args.datasets:
+        tag = f"gen_{args.rows}x{args.features}_d{args.density:g}"
+        npz = cache / f"{tag}.npz"
+        if not npz.exists():
+            print(f"generating {npz} ...", flush=True)
+            generate(npz, args.rows, args.features, args.density)
+        sets["generated"] = shard(npz, cache / f"dist_{tag}_shards", args.rows_per_shard)
+    inits = {}
+    for name, directory in sets.items():
+        for k in args.ks:
+            path = cache / f"dist_init_{Path(directory).name}_k{k}.npy"
+            if not path.exists():
+                subprocess.run([sys.executable, __file__, "--make-init", directory, str(k), str(path)], check=True)
+            inits[f"{name}:{k}"] = str(path)
+    return sets, inits
+
+
+def make_init(directory, k, out):
+    """k-means++ on a uniform 100,000-row sample (the ShardedData default), seed 0."""
+    from qkm import kmeans_plusplus
+    from qkm.io import load_data
+
+    X, _ = load_data(directory)
+    rng = np.random.default_rng(0)
+    rows = np.sort(rng.choice(X.shape[0], size=min(100_000, X.shape[0]), replace=False))
+    centers, _ = kmeans_plusplus(X[rows], int(k), random_state=0)
+    np.save(out, centers)
+
+
+# --------------------------------------------------------------------------- one configuration
+
+
+def run_config(spec):
+    import qkm
+
+    config, directory, iters = spec["config"], spec["directory"], spec["iters"]
+    C0 = np.load(spec["init"])
+    load = {"before": uptime_load()}
+    out = {"config": config}
+    if config.startswith("inproc"):
+        from qkm.io import load_data
+
+        threads = int(config[-2])
+        X, _ = load_data(directory)
+        qkm.KMeans(len(C0), init=C0, n_init=1, max_iter=1, tol=0, n_jobs=threads).fit(X)  # warm-up
+        rss0 = vm_kb("VmRSS")
+        reset_peak()
+        km = qkm.KMeans(len(C0), init=C0, n_init=1, max_iter=iters, tol=0, n_jobs=threads).fit(X)
+        out["driver_peak_mb"] = vm_kb("VmHWM") / 1024
+        out["driver_fit_growth_mb"] = (vm_kb("VmHWM") - rss0) / 1024
+    else:
+        from distributed import Client, LocalCluster
+
+        from qkm.distributed import ShardedData
+
+        workers = int(config[-2])
+        with LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, host="127.0.0.1",
+                          dashboard_address=None, worker_dashboard_address=None, memory_limit=0) as cluster, \
+                Client(cluster) as client:
+            sd = ShardedData(directory, client)
+            qkm.KMeans(len(C0), init=C0, n_init=1, max_iter=1, tol=0).fit(sd)  # warm-up (loads the shards)
+            w0 = client.run(lambda dask_worker: dask_worker.transfer_outgoing_bytes_total)
+            rss0 = vm_kb("VmRSS")
+            reset_peak()
+            km = qkm.KMeans(len(C0), init=C0, n_init=1, max_iter=iters, tol=0).fit(sd)
+            out["driver_peak_mb"] = vm_kb("VmHWM") / 1024
+            out["driver_fit_growth_mb"] = (vm_kb("VmHWM") - rss0) / 1024
+            w1 = client.run(lambda dask_worker: dask_worker.transfer_outgoing_bytes_total)
+            out["worker_peak_mb"] = sorted(
+                v / 1024 for v in client.run(lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss).values())
+            recs = km.history_
+            out["to_workers_bytes"] = statistics.median(r["sent_bytes"] for r in recs)
+            out["to_driver_bytes"] = statistics.median(r["received_bytes"] for r in recs)
+            outgoing = (sum(w1.values()) - sum(w0.values())) / iters
+            out["worker_to_worker_bytes"] = max(0.0, outgoing - out["to_driver_bytes"])
+            C = np.asarray(km.cluster_centers_, dtype=np.float64)
+            t = []
+            for _ in range(3):  # one K x D float64 round trip driver -> worker -> driver
+                t0 = time.perf_counter()
+                client.scatter(C, hash=False).result()
+                t.append(time.perf_counter() - t0)
+            out["kxd_round_trip_s"] = statistics.median(t)
+            sd.close()
+    secs = [r["seconds"] for r in km.history_]
+    out.update(n_iter=km.n_iter_, inertia=float(km.inertia_), seconds_per_iter=statistics.median(secs),
+               iter_seconds=secs, load=dict(load, after=uptime_load()))
+    print("RESULT " + json.dumps(out), flush=True)
+
+
+# --------------------------------------------------------------------------- orchestration
+
+
+def fmt_mb(v):
+    return f"{v / 1e6:.1f} MB" if v >= 1e5 else f"{v / 1e3:.1f} kB"
+
+
+def summarise(results, meta):
+    lines = ["# Distributed Lloyd: in-process vs Dask LocalCluster\n",
+             f"Command: `{meta['command']}`  ", f"Machine: {meta['cpu']}, 2 cores shared with other jobs; "
+             f"qkm {meta['qkm']}, dask {meta['dask']}.  ",
+             f"{meta['iters']} measured iterations after one warm-up; median seconds per iteration; "
+             f"{meta['rounds']} round(s) per configuration, interleaved.\n"]
+    for key in results:
+        name, k = key.rsplit(":", 1)
+        rows = results[key]
+        lines.append(f"\n## {name}, K = {k} ({meta['shapes'][name]})\n")
+        lines.append("| config | s/iter | driver->workers / iter | workers->driver / iter | worker<->worker / iter "
+                     "| driver peak RSS | worker peak RSS | K x D round trip | inertia | load 1-min (before/after) |")
+        lines.append("|---|---|---|---|---|---|---|---|---|---|")
+        ref = None
+        for r in rows:
+            if r["config"] == "inproc-1t" and ref is None:
+                ref = r["inertia"]
+        for r in rows:
+            same = ("(no in-process run)" if ref is None else
+                    "identical" if r["inertia"] == ref else f"{r['inertia']!r} (differs)")
+            lines.append(
+                f"| {r['config']} | {r['seconds_per_iter']:.3f} | {fmt_mb(r.get('to_workers_bytes', 0))} | "
+                f"{fmt_mb(r.get('to_driver_bytes', 0))} | {fmt_mb(r.get('worker_to_worker_bytes', 0))} | "
+                f"{r['driver_peak_mb']:.0f} MB | "
+                + (", ".join(f"{v:.0f}" for v in r["worker_peak_mb"]) + " MB" if "worker_peak_mb" in r else "-")
+                + f" | {r.get('kxd_round_trip_s', float('nan')):.3f} s | {same} | "
+                f"{r['load']['before'][0]:.1f} / {r['load']['after'][0]:.1f} |")
+        lines.append("")
+        by = {}
+        for r in rows:
+            by.setdefault(r["config"], []).append(r["seconds_per_iter"])
+        med = {c: statistics.median(v) for c, v in by.items()}
+        if {"inproc-1t", "dask-1w", "dask-2w"} <= set(med):
+            over = med["dask-1w"] - med["inproc-1t"]
+            kxd = statistics.median(r["kxd_round_trip_s"] for r in rows if r["config"] == "dask-1w")
+            lines.append(f"* overhead dask-1w - inproc-1t: {over:.3f} s/iter (allowance 0.2 s + K x D round trip "
+                         f"{kxd:.3f} s = {0.2 + kxd:.3f} s): {'met' if over <= 0.2 + kxd else 'missed'}")
+            lines.append(f"* speed-up dask-2w over dask-1w: {med['dask-1w'] / med['dask-2w']:.2f}x")
+    return "\n".join(lines) + "\n"
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--data-dir", default=str(TS.DEFAULT_DATA_DIR))
+    p.add_argument("--cache-dir", default=str(TS.CACHE_DIR))
+    p.add_argument("--out", default=str(BENCH_DIR / "results" / "distributed"))
+    p.add_argument("--datasets", default="20news-tfidf,generated")
+    p.add_argument("--ks", default="100,500")
+    p.add_argument("--iters", type=int, default=4)
+    p.add_argument("--rounds", type=int, default=1)
+    p.add_argument("--rows", type=int, default=2_000_000)
+    p.add_argument("--features", type=int, default=100_000)
+    p.add_argument("--density", type=float, default=1e-4)
+    p.add_argument("--rows-per-shard", type=int, default=1 << 19)
+    p.add_argument("--configs", default=",".join(CONFIGS))
+    p.add_argument("--quick", action="store_true", help="200,000 x 20,000 generated matrix, K=100, 2 iterations")
+    p.add_argument("--run", help=argparse.SUPPRESS)
+    p.add_argument("--make-init", nargs=3, help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.run:
+        return run_config(json.loads(args.run))
+    if args.make_init:
+        return make_init(*args.make_init)
+    if args.quick:
+        args.rows, args.features, args.ks, args.iters, args.datasets = 200_000, 20_000, "100", 2, "generated"
+        args.rows_per_shard = 1 << 16
+    args.datasets = args.datasets.split(",")
+    args.ks = [int(k) for k in args.ks.split(",")]
+    sets, inits = prepare(args)
+    configs = args.configs.split(",")
+    results, shapes = {}, {}
+    for name, directory in sets.items():
+        m = json.load(open(Path(directory) / "manifest.json"))
+        shapes[name] = f"{m['n_rows']:,} x {m['n_features']:,} CSR, nnz {m['nnz']:,}, {len(m['shards'])} shards"
+        for k in args.ks:
+            key = f"{name}:{k}"
+            results[key] = []
+            for rnd in range(args.rounds):
+                order = configs[rnd % len(configs):] + configs[:rnd % len(configs)]
+                for config in order:
+                    spec = {"config": config, "directory": directory, "init": inits[key], "iters": args.iters}
+                    print(f"[{time.strftime('%H:%M:%S')}] {key} round {rnd + 1} {config} load {uptime_load()}",
+                          flush=True)
+                    proc = subprocess.run([sys.executable, __file__, "--run", json.dumps(spec)],
+                                          capture_output=True, text=True)
+                    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+                    if proc.returncode or not line:
+                        print(proc.stdout[-2000:], proc.stderr[-4000:], flush=True)
+                        raise SystemExit(f"{key} {config} failed")
+                    r = json.loads(line[-1][7:])
+                    print("   ", {k2: r[k2] for k2 in ("seconds_per_iter", "inertia", "driver_peak_mb")}, flush=True)
+                    results[key].append(r)
+                    write(args, results, shapes)  # after every configuration: a partial run still leaves results
+    print(write(args, results, shapes))
+
+
+def write(args, results, shapes):
+    import dask
+
+    import qkm
+
+    meta = {"command": " ".join([".venv/bin/python", "benchmarks/distributed.py"] + sys.argv[1:]),
+            "cpu": cpu_name(), "qkm": qkm.__version__, "dask": dask.__version__, "iters": args.iters,
+            "rounds": args.rounds, "shapes": shapes}
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    text = summarise(results, meta)
+    TS.write_text_atomic(args.out + ".json", json.dumps({"meta": meta, "results": results}, indent=1))
+    TS.write_text_atomic(args.out + ".md", text)
+    return text
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,298 @@
+"""Fit k-means past one machine on a Dask cluster, with the single-machine result.
+
+The one place in qkm that imports dask (``pip install qkm[distributed]``).
+Cut the data into shards once (``qkm shard DATA -o DIR``), then::
+
+    from distributed import Client
+    import qkm
+    from qkm.distributed import ShardedData
+
+    client = Client("tcp://scheduler:8786")
+    km = qkm.KMeans(n_clusters=100, random_state=0).fit(ShardedData("DIR", client))
+    km.cluster_centers_, km.inertia_          # as from an in-memory fit
+    km.labels_                                # a dask array, one chunk per shard
+
+Workers load their shards from the shared directory by tasks (lost shards are
+reloaded by the scheduler) and run the single-machine numba kernels on them;
+the driver only does O(K x D) work per iteration. Sums are added in the fixed
+order of :mod:`qkm._reduce` and random draws are seeded by (seed, round,
+shard), so labels, centres and inertia are those of ``KMeans.fit`` on the
+whole data in memory, for any number of workers.
+"""
+
+import itertools
+import uuid
+
+import numpy as np
+
+from .. import _config
+from .._shards import check_layout, read_manifest
+from . import _shard_tasks as T
+from ._cluster import SchedulerUnreachable, VersionMismatch, check_versions, connect
+from ._fit import fit_kmeans
+
+__all__ = ["ShardedData", "connect", "check_versions", "SchedulerUnreachable", "VersionMismatch", "StateLost"]
+
+StateLost = T.StateLost
+
+
+def _retryable():
+    from distributed.client import FutureCancelledError
+    from distributed.comm.core import CommClosedError
+    from distributed.scheduler import KilledWorker
+
+    return (T.StateLost, FutureCancelledError, KilledWorker, CommClosedError)
+
+
+class ShardedData:
+    """A shard directory (``qkm shard``) seen through a Dask client; pass it to ``KMeans.fit``.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        Shard directory or its ``manifest.json``, at the same path on every worker.
+    client : distributed.Client, default=None
+        ``None``: the current default client (``distributed.get_client()``).
+    verify : bool, default=True
+        Check every shard's sha256 when a worker loads it.
+    init_sample_size : int, default=100_000
+        k-means++ runs on a uniform sample of this many rows (all rows when
+        the data hold fewer, which gives the single-machine seeds exactly).
+    threads_per_task : int, default=1
+        numba threads of each shard task.
+    max_retries : int, default=3
+        Times an iteration is run again after a worker was lost.
+
+    Attributes
+    ----------
+    manifest : dict
+    shape : tuple of int
+    """
+
+    def __init__(self, path, client=None, *, verify=True, init_sample_size=100_000, threads_per_task=1,
+                 max_retries=3):
+        if client is None:
+            from distributed import get_client
+
+            client = get_client()
+        self.manifest = m = read_manifest(path)
+        self.client = client
+        self.verify = bool(verify)
+        self.init_sample_size = int(init_sample_size)
+        self.threads_per_task = int(threads_per_task)
+        self.max_retries = int(max_retries)
+        sizes = [int(e["n_rows"]) for e in m["shards"]]
+        check_layout(sizes, _config.REDUCE_BLOCK_ROWS)
+        self.n_rows, self.n_features, self.nnz = int(m["n_rows"]), int(m["n_features"]), int(m["nnz"])
+        self.shape = (self.n_rows, self.n_features)
+        self.dtype = np.dtype(m["dtype"])
+        self.sparse = m["layout"] == "csr"
+        self.err_rel = 1e-12 if (self.sparse or self.dtype == np.float64) else 64 * float(np.finfo(np.float32).eps)
+        self.shards = [i for i, s in enumerate(sizes) if s > 0]  # empty shards take no part
+        self.starts = np.array([int(m["shards"][i]["row_start"]) for i in self.shards], dtype=np.int64)
+        self.sizes = np.array([sizes[i] for i in self.shards], dtype=np.int64)
+        self._futures = None
+        self._pack = None
+        self._sent = self._received = 0
+        self.fit_key = None
+        self.n_retries = 0
+        self.buffers = T.BufferRing()  # the driver's K x D arrays, reused across iterations
+        self.poll_seconds = 1.0
+
+    # ------------------------------------------------------------------ #
+    # the protocol KMeans.fit looks for
+    def _qkm_fit(self, estimator, callback=None):
+        return fit_kmeans(estimator, self, callback)
+
+    def __repr__(self):
+        return (f"ShardedData({self.manifest['directory']!r}, {len(self.manifest['shards'])} shards, "
+                f"shape={self.shape}, {self.manifest['layout']})")
+
+    # ------------------------------------------------------------------ #
+    # shards on the workers
+    def settings(self):
+        return {"block_rows": _config.REDUCE_BLOCK_ROWS, "dense_block_rows": _config.DENSE_BLOCK_ROWS,
+                "n_threads": self.threads_per_task, "verify": self.verify}
+
+    def _owners(self):
+        """Contiguous, row-balanced ranges of shards per worker (neighbours in the sum tree stay together)."""
+        workers = sorted(self.client.scheduler_info()["workers"])
+        if not workers:
+            raise SchedulerUnreachable("the Dask cluster has no workers.")
+        cum = np.cumsum(self.sizes) - self.sizes / 2.0
+        slot = np.minimum((cum / self.n_rows * len(workers)).astype(int), len(workers) - 1)
+        return [workers[s] for s in slot]
+
+    def load(self):
+        """Submit the shard-loading tasks once (workers read their shards themselves; never scattered)."""
+        if self._futures is None:
+            self.owners = self._owners()
+            settings = self.settings()
+            token = uuid.uuid4().hex[:8]
+            self._futures = [
+                self.client.submit(T.Shard, self.manifest, i, settings, key=f"qkm-shard-{token}-{i}",
+                                   workers=[w], allow_other_workers=True)
+                for i, w in zip(self.shards, self.owners)]
+            from distributed import wait
+
+            wait(self._futures)
+            for f in self._futures:
+                if f.status == "error":
+                    f.result()  # raises the worker's error (e.g. ShardError)
+        return self._futures
+
+    def close(self):
+        """Release the shards on the workers."""
+        self._futures = self._pack = None
+
+    # ------------------------------------------------------------------ #
+    # one round: the same function on every shard, results added in the fixed tree order
+    def _scatter(self, obj):
+        if isinstance(obj, tuple) and self.sparse:
+            obj = T.compact_pack(obj)
+        self._sent += sum(T._nbytes(a) for a in (obj if isinstance(obj, tuple) else (obj,)))
+        return self.client.scatter([obj], hash=False)[0]
+
+    def _submit_each(self, fn, *args, **kwargs):
+        """``fn(shard, ...)`` on every shard, pinned to the worker holding it and its state (no work stealing:
+        a shard moved to another worker arrives without its state)."""
+        futures = self.load()
+        return [self.client.submit(fn, f, *args, **kwargs, workers=[w], allow_other_workers=False, pure=False)
+                for f, w in zip(futures, self.owners)]
+
+    def _wait(self, futures):
+        """Wait for ``futures``; raise :class:`WorkerLost` (the iteration is repeated) if a shard's worker left."""
+        from distributed import wait
+
+        while True:
+            try:
+                wait(futures, timeout=self.poll_seconds)
+                return
+            except TimeoutError:
+                pass
+            alive = set(self.client.scheduler_info()["workers"])
+            gone = sorted(set(self.owners) - alive)
+            if gone:
+                self.client.cancel(futures)
+                raise T.WorkerLost(f"worker(s) {', '.join(gone)} left the cluster")
+
+    def map_reduce(self, fn, pack, *args, rebuild=None, same_pack=False):
+        """``fn(shard, pack, *args)`` on every shard, combined along :func:`qkm._reduce.merge_plan`."""
+        from .._reduce import merge_plan
+
+        if not same_pack or self._pack is None:
+            self._pack = self._scatter(pack)
+        kwargs = {} if rebuild is None else {"rebuild": self._scatter(rebuild)}
+        values = self._submit_each(fn, self._pack, *args, **kwargs)
+        for a, b in merge_plan((self.starts // _config.REDUCE_BLOCK_ROWS).tolist()):
+            values[a] = self.client.submit(T.combine, values[a], values[b], pure=False)
+        self._wait([values[0]])
+        out = values[0].result()
+        self._received += out.nbytes
+        return out
+
+    def gather_each(self, fn, *args):
+        futures = self._submit_each(fn, *args)
+        self._wait(futures)
+        out = self.client.gather(futures)
+        self._received += sum(T._nbytes(a) for r in out for a in (r if isinstance(r, tuple) else (r,)))
+        return out
+
+    def fetch_rows(self, global_rows):
+        """Dense float64 rows by global index, in the given order."""
+        global_rows = np.asarray(global_rows, dtype=np.int64)
+        where = np.searchsorted(self.starts, global_rows, side="right") - 1
+        futures = self.load()
+        out = np.empty((len(global_rows), self.n_features))
+        for s in np.unique(where):
+            pick = np.flatnonzero(where == s)
+            local = global_rows[pick] - self.starts[s]
+            fut = self.client.submit(T.rows, futures[s], local, workers=[self.owners[s]],
+                                     allow_other_workers=False, pure=False)
+            self._wait([fut])
+            out[pick] = fut.result()
+        self._received += out.nbytes
+        return out
+
+    def retrying(self, attempt):
+        """Run ``attempt(rebuild)``; after a lost worker, run it again with ``rebuild=True``."""
+        errors = _retryable()
+        for n in itertools.count():
+            try:
+                return attempt(n > 0)
+            except errors:
+                if n >= self.max_retries:
+                    raise
+                self.n_retries += 1
+                self._pack = None
+                self._refresh_owners()
+
+    def _refresh_owners(self):
+        """After a loss: each shard goes to a live worker holding it, else to the live worker with fewest rows."""
+        alive = sorted(self.client.scheduler_info()["workers"])
+        if not alive:
+            raise SchedulerUnreachable("the Dask cluster has no workers left.")
+        who = self.client.who_has(self._futures)
+        load = {w: 0 for w in alive}
+        for i, f in enumerate(self._futures):
+            holders = [w for w in sorted(who.get(f.key) or ()) if w in load]
+            if self.owners[i] not in load:
+                self.owners[i] = holders[0] if holders else min(load, key=load.get)
+            load[self.owners[i]] += int(self.sizes[i])
+
+    def reset_traffic(self):
+        self._sent = self._received = 0
+
+    def traffic_since_last(self):
+        out = {"sent_bytes": self._sent, "received_bytes": self._received}
+        self._sent = self._received = 0
+        return out
+
+    # ------------------------------------------------------------------ #
+    # labels
+    def labels(self, key):
+        """The fitted labels as a dask array (one chunk per shard; empty shards give empty chunks)."""
+        import dask.array as da
+
+        futures = iter(self._submit_each(T.labels_of, key))
+        chunks = []
+        for e in self.manifest["shards"]:
+            n = int(e["n_rows"])
+            chunks.append(da.from_delayed(next(futures), (n,), dtype=np.int32) if n else
+                          da.zeros((0,), dtype=np.int32))
+        return da.concatenate(chunks)
+
+    def predict(self, centers, name=None):
+        """Labels of every row for ``centers``; written next to each shard as ``<shard>.<name>.npy`` if ``name``.
+
+        Returns
+        -------
+        labels : dask.array.Array, or the list of written paths when ``name`` is given
+        """
+        import dask.array as da
+
+        from .._kernels import centroid_sq_norms
+
+        C = np.ascontiguousarray(centers, dtype=self.dtype)
+        if C.ndim != 2 or C.shape[1] != self.n_features:
+            raise ValueError(f"centers have shape {C.shape}; the shards have {self.n_features} features.")
+        pack = self._scatter((C, centroid_sq_norms(C)))
+        labels = self._submit_each(T.predict, pack)
+        if name is not None:
+            futures = self.load()
+            writes = [self.client.submit(T.write_labels, f, lab, name, workers=[w], allow_other_workers=False,
+                                         pure=False) for f, lab, w in zip(futures, labels, self.owners)]
+            return self.client.gather(writes)
+        it = iter(labels)
+        return da.concatenate([da.from_delayed(next(it), (int(e["n_rows"]),), dtype=np.int32)
+                               if int(e["n_rows"]) else da.zeros((0,), dtype=np.int32)
+                               for e in self.manifest["shards"]])
+
+    def write_labels(self, name="labels", key=None):
+        """Write the labels of the last fit next to each shard as ``<shard>.<name>.npy``; returns the paths."""
+        key = self.fit_key if key is None else key
+        futures = self.load()
+        labels = self._submit_each(T.labels_of, key)
+        writes = [self.client.submit(T.write_labels, f, lab, name, workers=[w], allow_other_workers=False,
+                                     pure=False) for f, lab, w in zip(futures, labels, self.owners)]
+        return self.client.gather(writes)

@@ -1,0 +1,150 @@
+"""The driver side of a fit over shards: O(K x D) work per iteration (private).
+
+It runs the single-machine loops of :mod:`qkm._lloyd` and :mod:`qkm._elkan`
+with the data-sized work sent to the shards: means from the combined sums,
+empty-cluster repair from the farthest-point candidates the shards return,
+the stopping rules, Elkan's centre-centre bounds. An iteration whose tasks
+fail because a worker was lost is run again (the shards are reloaded from
+disk by the scheduler, their state rebuilt from the previous centres), so the
+numbers do not depend on the failure.
+"""
+
+import time
+
+import numpy as np
+import scipy.sparse as sp
+
+from .. import _config
+from .._elkan import _half_center_distances
+from .._empty import apply_relocations, plan_relocations
+from .._kernels import centroid_sq_norms
+from .._reduce import means_from_csr_sums, means_from_sums
+from .._stopping import IterationLog, StoppingRule
+from . import _shard_tasks as T
+
+__all__ = ["run_lloyd", "run_elkan"]
+
+
+class _Update:
+    def __init__(self, C, shift_sq, c_sq, relocated):
+        self.C, self.shift_sq, self.c_sq, self.relocated = C, shift_sq, c_sq, relocated
+
+
+def _update(sd, part, C, key, it, elkan, C_new):
+    """Means from the combined sums into ``C_new``; empty clusters repaired from the shards' farthest points."""
+    k = C.shape[0]
+    np.copyto(C_new, C)
+    shift_sq = np.empty(k, dtype=np.float64)
+    sums = part.sums
+    if sp.issparse(sums):
+        sums = sp.csr_matrix(sums)
+        means_from_csr_sums(sums.indptr, sums.indices, sums.data, part.counts, C_new, shift_sq)
+    else:
+        means_from_sums(sums, part.counts, C_new, shift_sq)
+    c_sq = centroid_sq_norms(C_new)
+    counts = part.counts.copy()
+    n_empty = int((counts == 0).sum())
+    relocated = 0
+    if n_empty:
+        m = n_empty + k  # enough: each cluster makes at most one candidate be skipped
+        found = sd.gather_each(T.candidates, key, it, m, elkan)
+        sq = np.concatenate([f[0] for f in found])
+        rows = np.concatenate([f[1] for f in found])
+        labels = np.concatenate([f[2] for f in found])
+        order = np.lexsort((rows, -sq))[:m]
+        moves = plan_relocations(counts, labels[order], sq[order])
+        if moves:
+            chosen = rows[order[[pos for _, pos, _, _ in moves]]]
+            apply_relocations(moves, sd.fetch_rows(chosen), C_new, shift_sq, c_sq, C)
+        relocated = len(moves)
+    return _Update(C_new, shift_sq, c_sq, relocated)
+
+
+def _final(sd, C, c_sq, key, it, strict, elkan, C_last, rebuild):
+    """Inertia of the final labels (a last E-step unless the labels had stopped changing).
+
+    Also makes sure every shard holds the final labels (rebuilt from ``C_last``, the centres of the last
+    assignment, after a lost worker).
+    """
+    return sd.map_reduce(T.final_step, (C, c_sq), key, it, strict, elkan, rebuild=C_last if rebuild else None).wcss
+
+
+def run_lloyd(sd, centers_init, *, max_iter, tol, tol_wcss=0.0, verbose=0, log=None, key=None):
+    """Lloyd over shards; the contract of :func:`qkm._lloyd.kmeans_single_lloyd` (labels stay on the shards)."""
+    C = np.array(centers_init, dtype=sd.dtype, order="C", copy=True)
+    c_sq = centroid_sq_norms(C)
+    rule = StoppingRule(tol, tol_wcss)
+    log = log if log is not None else IterationLog(verbose)
+    strict, n_iter, wcss = False, 0, None
+    C_prev = None
+    for it in range(max_iter):
+        n_iter = it + 1
+        t0 = time.perf_counter()
+
+        out = sd.buffers.get(C.shape, C.dtype)  # three in turn: C and the previous C stay intact
+
+        def attempt(rebuild, it=it, C=C, c_sq=c_sq, C_prev=C_prev, out=out):
+            part = sd.map_reduce(T.lloyd_step, (C, c_sq), key, it, rebuild=C_prev if rebuild else None)
+            return part, _update(sd, part, C, key, it, False, out)
+
+        part, up = sd.retrying(attempt)
+        wcss = part.wcss
+        shift_total = float(up.shift_sq.sum())
+        log.record(it, wcss=wcss, shift=shift_total, storage="shards", relocated=up.relocated,
+                   seconds=time.perf_counter() - t0, shard_seconds=part.seconds, **sd.traffic_since_last())
+        strict, stop = rule.check_changed(part.n_changed, shift_total, wcss)
+        C_prev, C, c_sq = (C, c_sq), up.C, up.c_sq
+        if stop:
+            break
+    inertia = sd.retrying(lambda rebuild: _final(sd, C, c_sq, key, n_iter - 1, strict, False, C_prev, rebuild))
+    return inertia, C.copy(), n_iter
+
+
+def run_elkan(sd, centers_init, *, max_iter, tol, tol_wcss=0.0, verbose=0, log=None, key=None):
+    """Elkan over shards: the bounds stay on the workers; the driver keeps the K x K centre bounds."""
+    n, k = sd.n_rows, centers_init.shape[0]
+    C = np.array(centers_init, dtype=sd.dtype, order="C", copy=True)
+    c_sq = centroid_sq_norms(C)
+    err = sd.err_rel
+    rule = StoppingRule(tol, tol_wcss)
+    log = log if log is not None else IterationLog(verbose)
+    cc_exact_every_iter = k * sd.n_features <= 0.25 * sd.nnz
+    half_cc, shift = None, np.zeros(k)
+    want_wcss = rule.tol_wcss > 0 or bool(verbose)
+    strict, n_iter = False, 0
+    C_prev = None
+    for it in range(max_iter):
+        n_iter = it + 1
+        t0 = time.perf_counter()
+        if it > 0 and (half_cc is None or cc_exact_every_iter):
+            half_cc = _half_center_distances(C, c_sq, err)
+        s = half_cc.min(axis=1) if half_cc is not None else None
+        pack = (C, c_sq, half_cc, s, shift)
+        out = sd.buffers.get(C.shape, C.dtype)
+
+        def attempt(rebuild, it=it, pack=pack, C=C, C_prev=C_prev, out=out):
+            counted = sd.map_reduce(T.elkan_count, pack, key, it, rebuild=C_prev if rebuild else None)
+            if it == 0:
+                mode, n_pairs = "full", n * k
+            else:
+                n_pairs = counted.n_pairs
+                mode = "full" if n_pairs > _config.ELKAN_FULL_PASS_FRACTION * n * k else "pairs"
+            part = sd.map_reduce(T.elkan_step, pack, key, it, mode, want_wcss, same_pack=True)
+            if mode == "pairs":
+                n_pairs = part.n_pairs
+            return part, mode, n_pairs, _update(sd, part, C, key, it, True, out)
+
+        part, mode, n_pairs, up = sd.retrying(attempt)
+        wcss = part.wcss if want_wcss else None
+        log.record(it, wcss=wcss, shift=float(up.shift_sq.sum()), mode=mode, pairs=n_pairs, storage="shards",
+                   relocated=up.relocated, seconds=time.perf_counter() - t0, **sd.traffic_since_last())
+        shift = np.sqrt(up.shift_sq)
+        if half_cc is not None and not cc_exact_every_iter:
+            half_cc = np.maximum(half_cc - 0.5 * (shift[:, None] + shift[None, :]), 0.0)
+            np.fill_diagonal(half_cc, np.inf)
+        strict, stop = rule.check_changed(part.n_changed, float(up.shift_sq.sum()), wcss)
+        C_prev, C, c_sq = (C, c_sq), up.C, up.c_sq
+        if stop:
+            break
+    inertia = sd.retrying(lambda rebuild: _final(sd, C, c_sq, key, n_iter - 1, strict, True, C_prev, rebuild))
+    return inertia, C.copy(), n_iter

@@ -1,0 +1,219 @@
+"""qkm.distributed: a fit over shards on Dask gives the in-memory result, bit for bit, and fails cleanly.
+
+Oracle: ``qkm.KMeans.fit`` on the same data in memory, same seed, on this
+machine (labels, centres, inertia and iteration count must be equal).
+"""
+
+import json
+import os
+import signal
+import socket
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+pytest.importorskip("distributed")
+
+from distributed import Client, LocalCluster  # noqa: E402
+
+import qkm  # noqa: E402
+from qkm import _config  # noqa: E402
+from qkm._shard_writer import write_shards  # noqa: E402
+from qkm._shards import ShardError  # noqa: E402
+from qkm.cli import main  # noqa: E402
+from qkm.distributed import SchedulerUnreachable, ShardedData, VersionMismatch, check_versions, connect  # noqa: E402
+
+pytestmark = pytest.mark.distributed
+
+B = 64  # rows per summation block in these tests: several blocks and shards on tiny data
+N, D, K = 420, 12, 5
+LAYOUTS = {"1 shard": [N], "2 shards": [256, N - 256], "3 shards + empty": [128, 0, 128, N - 256]}
+
+
+@pytest.fixture(autouse=True)
+def small_blocks(monkeypatch):
+    monkeypatch.setattr(_config, "REDUCE_BLOCK_ROWS", B)
+    monkeypatch.setattr(_config, "DENSE_BLOCK_ROWS", B)  # BLAS blocks of dense data must divide B
+
+
+@pytest.fixture(scope="module")
+def inproc_client():
+    # workers as threads of this process; every listener on 127.0.0.1 (tcp: inproc cannot bind a host)
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=False, host="127.0.0.1", protocol="tcp",
+                      dashboard_address=None, worker_dashboard_address=None) as cluster, Client(cluster) as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
+def process_client():
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=None,
+                      worker_dashboard_address=None) as cluster, Client(cluster) as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
+def data():
+    rng = np.random.default_rng(0)
+    centres = 3 * rng.standard_normal((K, D))
+    X = centres[rng.integers(0, K, N)] + rng.standard_normal((N, D))
+    return {"dense": X, "csr": sp.csr_matrix(np.where(rng.random((N, D)) < 0.35, np.abs(X), 0.0))}
+
+
+def shards(tmp_path_factory, X, sizes):
+    directory = tmp_path_factory.mktemp("shards") / "sh"
+    write_shards(X, directory, sizes=sizes)
+    return directory
+
+
+def assert_same_fit(got, ref):
+    np.testing.assert_array_equal(np.asarray(got.labels_.compute()), ref.labels_)
+    np.testing.assert_array_equal(got.cluster_centers_, ref.cluster_centers_)
+    assert got.inertia_ == pytest.approx(ref.inertia_, rel=1e-12)
+    assert got.inertia_ == ref.inertia_  # the same summation order: the same bits
+    assert got.n_iter_ == ref.n_iter_
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("kind", ["dense", "csr"])
+@pytest.mark.parametrize("algorithm", ["lloyd", "elkan"])
+def test_same_result_as_in_memory(inproc_client, tmp_path_factory, data, kind, layout, algorithm):
+    X = data[kind]
+    sd = ShardedData(shards(tmp_path_factory, X, LAYOUTS[layout]), inproc_client)
+    kw = dict(n_clusters=K, random_state=3, algorithm=algorithm, max_iter=30)
+    assert_same_fit(qkm.KMeans(**kw).fit(sd), qkm.KMeans(**kw).fit(X))
+
+
+@pytest.mark.parametrize("algorithm", ["lloyd", "elkan"])
+def test_empty_cluster_repaired_from_the_shards_candidates(inproc_client, tmp_path_factory, data, algorithm):
+    X = data["csr"]
+    init = np.vstack([X[:K - 1].toarray(), np.full((1, D), 1e3)])  # nothing is near the last centre
+    sd = ShardedData(shards(tmp_path_factory, X, LAYOUTS["3 shards + empty"]), inproc_client)
+    kw = dict(n_clusters=K, init=init, algorithm=algorithm, max_iter=20)
+    got, ref = qkm.KMeans(**kw).fit(sd), qkm.KMeans(**kw).fit(X)
+    assert got.history_[0]["relocated"] == 1
+    assert_same_fit(got, ref)
+
+
+def test_random_init_several_runs_and_tolerance(inproc_client, tmp_path_factory, data):
+    X = data["dense"]
+    sd = ShardedData(shards(tmp_path_factory, X, LAYOUTS["2 shards"]), inproc_client)
+    kw = dict(n_clusters=K, init="random", n_init=3, random_state=7, tol=1e-2, tol_wcss=1e-3, max_iter=15)
+    assert_same_fit(qkm.KMeans(**kw).fit(sd), qkm.KMeans(**kw).fit(X))
+
+
+def test_labels_written_next_to_each_shard(inproc_client, tmp_path_factory, data):
+    X = data["csr"]
+    directory = shards(tmp_path_factory, X, LAYOUTS["3 shards + empty"])
+    sd = ShardedData(directory, inproc_client)
+    km = qkm.KMeans(n_clusters=K, random_state=0).fit(sd)
+    paths = sd.write_labels("labels")
+    assert [os.path.basename(p) for p in paths] == ["shard-00000.labels.npy", "shard-00002.labels.npy",
+                                                    "shard-00003.labels.npy"]
+    np.testing.assert_array_equal(np.concatenate([np.load(p) for p in paths]), km.labels_.compute())
+    np.testing.assert_array_equal(sd.predict(km.cluster_centers_).compute(), km.predict(X))
+
+
+def test_unaligned_shards_are_refused(inproc_client, tmp_path):
+    os.makedirs(tmp_path / "sh")
+    write_shards(np.ones((200, 3)), tmp_path / "ok", sizes=[128, 72])
+    manifest = json.loads((tmp_path / "ok" / "manifest.json").read_text())
+    manifest["shards"][0]["n_rows"], manifest["shards"][1]["n_rows"] = 100, 100  # hand-edited layout
+    manifest["shards"][1]["row_start"] = 100
+    (tmp_path / "ok" / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ValueError, match="not a whole node"):
+        ShardedData(tmp_path / "ok", inproc_client)
+
+
+# --------------------------------------------------------------------------- worker processes
+
+
+@pytest.mark.parametrize("kind, algorithm", [("csr", "lloyd"), ("dense", "elkan")])
+def test_worker_processes(process_client, tmp_path_factory, data, kind, algorithm):
+    X = data[kind]
+    sd = ShardedData(shards(tmp_path_factory, X, LAYOUTS["3 shards + empty"]), process_client)
+    kw = dict(n_clusters=K, random_state=5, algorithm=algorithm, max_iter=30)
+    assert_same_fit(qkm.KMeans(**kw).fit(sd), qkm.KMeans(**kw).fit(X))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("algorithm", ["lloyd", "elkan"])
+def test_worker_killed_mid_fit(process_client, tmp_path_factory, data, algorithm):
+    """SIGKILL a worker process during the fit: the nanny restarts it, shards reload, the result is the same."""
+    X = data["csr"]
+    sd = ShardedData(shards(tmp_path_factory, X, LAYOUTS["2 shards"]), process_client)
+    pids = process_client.run(os.getpid)
+    killed = []
+
+    def kill_one(record):
+        if record["iteration"] == 2 and not killed:
+            victim = sd.owners[-1]
+            os.kill(pids[victim], signal.SIGKILL)
+            killed.append(victim)
+
+    kw = dict(n_clusters=K, init=X[:K].toarray(), algorithm=algorithm, max_iter=30, tol=0)
+    ref = qkm.KMeans(**kw).fit(X)
+    got = qkm.KMeans(**kw).fit(sd, callback=kill_one)
+    assert killed and ref.n_iter_ > 3
+    assert sd.n_retries >= 1
+    assert_same_fit(got, ref)
+    process_client.wait_for_workers(2, timeout=60)
+
+
+def test_version_mismatch_is_a_clear_error(process_client):
+    from qkm.distributed._cluster import local_versions
+
+    expected = dict(local_versions(), qkm="0.0.0-other")
+    with pytest.raises(VersionMismatch, match="qkm 0.0.0-other here"):
+        check_versions(process_client, expected=expected)
+    check_versions(process_client)  # the real versions agree
+
+
+def test_shard_changed_during_fit(process_client, tmp_path_factory, data):
+    X = data["dense"]
+    directory = shards(tmp_path_factory, X, LAYOUTS["2 shards"])
+    sd = ShardedData(directory, process_client)
+
+    def rewrite(record):
+        if record["iteration"] == 1:
+            np.save(directory / "shard-00001.npy", np.zeros((N - 256, D)))
+
+    with pytest.raises(ShardError, match="shard-00001 changed on disk"):
+        qkm.KMeans(n_clusters=K, random_state=0, max_iter=10, tol=0).fit(sd, callback=rewrite)
+
+
+def test_unreachable_scheduler(tmp_path, data):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with pytest.raises(SchedulerUnreachable, match=f"127.0.0.1:{port}"):
+        with connect(f"tcp://127.0.0.1:{port}", timeout=1):
+            pass
+    write_shards(data["dense"], tmp_path / "sh", sizes=LAYOUTS["2 shards"])
+    model = tmp_path / "m.qkm"
+    assert main(["train", str(tmp_path / "sh"), "-k", "3", "-o", str(model), "-q",
+                 "--scheduler", f"tcp://127.0.0.1:{port}"]) == 2
+    assert not model.exists()
+
+
+@pytest.mark.slow
+def test_cli_train_and_predict_on_local_cluster(tmp_path, data, capsys):
+    """`qkm train DIR --scheduler local:2` end to end, labels next to each shard, as in memory."""
+    X = data["csr"]
+    write_shards(X, tmp_path / "sh", sizes=LAYOUTS["3 shards + empty"])
+    args = ["-k", str(K), "--seed", "0", "-q", "--json"]
+    assert main(["train", str(tmp_path / "sh"), "-o", str(tmp_path / "a.qkm"), "--scheduler", "local:2",
+                 "--labels", "labels.npy"] + args) == 0
+    on_cluster = json.loads(capsys.readouterr().out)
+    assert main(["train", str(tmp_path / "sh"), "-o", str(tmp_path / "b.qkm"), "--labels",
+                 str(tmp_path / "labels_in_memory.npy")] + args) == 0
+    in_memory = json.loads(capsys.readouterr().out)
+    assert on_cluster["inertia"] == in_memory["inertia"] and on_cluster["workers"] == 2
+    written = [tmp_path / "sh" / f"shard-0000{i}.labels.npy" for i in (0, 2, 3)]
+    expected = np.load(tmp_path / "labels_in_memory.npy")
+    np.testing.assert_array_equal(np.concatenate([np.load(p) for p in written]), expected)
+    assert main(["predict", str(tmp_path / "a.qkm"), str(tmp_path / "sh"), "--scheduler", "local:2",
+                 "-o", "pred"]) == 0
+    capsys.readouterr()
+    np.testing.assert_array_equal(
+        np.concatenate([np.load(tmp_path / "sh" / f"shard-0000{i}.pred.npy") for i in (0, 2, 3)]), expected)
