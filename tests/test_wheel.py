@@ -38,14 +38,14 @@ def _share_numba_cache(checkout, installed):
     these are exactly the entries it would reuse; without them the installed server spends minutes
     compiling every kernel before it answers (a user's first ``qkm serve`` does that once).
     """
-    cache = checkout / "__pycache__"
-    for source in checkout.glob("*.py"):
-        target = installed / source.name
+    for source in checkout.rglob("*.py"):  # subpackages too
+        target = installed / source.relative_to(checkout)
         if not target.is_file() or target.read_bytes() != source.read_bytes():
             continue
-        (installed / "__pycache__").mkdir(exist_ok=True)
+        cache = source.parent / "__pycache__"
+        (target.parent / "__pycache__").mkdir(exist_ok=True)
         for entry in [*cache.glob(f"{source.stem}.*.nbi"), *cache.glob(f"{source.stem}.*.nbc")]:
-            shutil.copy2(entry, installed / "__pycache__" / entry.name)
+            shutil.copy2(entry, target.parent / "__pycache__" / entry.name)
 
 
 @pytest.mark.slow
@@ -64,6 +64,11 @@ def test_wheel_ships_the_demo_model_and_qkm_serve_answers(tmp_path):
     (wheel,) = dist.glob("qkm-*.whl")
     with zipfile.ZipFile(wheel) as zf:
         names = set(zf.namelist())
+    # every package of the source tree is in the wheel (pyproject lists them by hand)
+    for top, prefix in (("qkm", "qkm"), ("export", "qkm/export"), ("serve", "qkm/serve"), ("models", "qkm/models")):
+        for init in (REPO / top).rglob("__init__.py"):
+            name = f"{prefix}/{init.relative_to(REPO / top).as_posix()}"
+            assert name in names, f"{name} missing from the wheel: add its package to pyproject.toml"
     for name in ("qkm/models/fashion_mnist_qkmeans.qkm", "qkm/models/__init__.py", "qkm/serve/app.py",
                  "qkm/export/_safe.py", "qkm/datasets/fashion_mnist_2000.npz"):
         assert name in names, name
