@@ -296,7 +296,11 @@ class QKMeans(_FactoredKMeans):
         final assignment); non-increasing.
     history_ : list of dict
         One record per step (step name, objective, palm4MSA result kept,
-        execution path of the operator, seconds).
+        execution path of the operator, seconds). The ``init``, ``refit``
+        and ``polish`` records also say where the factorisation ran:
+        ``columns`` is "columns" when it ran on the active columns only (the
+        nonzero columns of the means and of the last factor, wide sparse
+        data) and "dense" otherwise, ``n_columns`` how many it saw.
     nnz_, flops_ : int
         Nonzeros of the factors and flops to assign a sample (``2 * nnz_``;
         the mean needs none for the labels).
