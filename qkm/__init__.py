@@ -15,7 +15,7 @@ Examples
 
 __version__ = "0.1.0"
 
-from ._kmeans import KMeans, kmeans_plusplus
+from ._kmeans import KMeans, kmeans_plusplus, seed_centers
 from ._qkmeans import LowRankKMeans, QKMeans
 from .neighbors import ClusterIndex
 from .nystroem import Nystroem, kernel_approximation_error
@@ -28,5 +28,6 @@ __all__ = [
     "QKMeans",
     "kernel_approximation_error",
     "kmeans_plusplus",
+    "seed_centers",
     "__version__",
 ]

@@ -13,13 +13,14 @@ from sklearn.base import BaseEstimator, ClassNamePrefixFeaturesOutMixin, Cluster
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.utils.validation import check_is_fitted
 
-from ._init import distinct_row_indices, kmeans_plusplus, random_rows
+from ._init import distinct_row_indices
 from ._operator_base import CentroidOperator
+from ._seeding import SEEDINGS, Seeding, Seeds, potential, run_seeding
 from ._threads import effective_n_threads, numba_threads
 from ._validation import check_data, check_feature_count, check_init_array, check_n_clusters
 
 __all__ = ["OperatorClusterMixin", "resolve_n_clusters", "is_int", "check_nonnegative_float", "check_init",
-           "check_verbose", "initial_centers"]
+           "check_seeding", "seeding_of", "check_verbose", "initial_centers"]
 
 
 def operator_of(obj):
@@ -56,13 +57,43 @@ def check_nonnegative_float(name, value):
         raise ValueError(f"{name} must be a float >= 0; got {value!r}.")
 
 
+_INIT_CHOICES = ", ".join(repr(name) for name in SEEDINGS)
+
+
 def check_init(init):
-    """``init`` is "k-means++", "random" or an array (checked against the data later)."""
+    """``init`` is one of :data:`qkm._seeding.SEEDINGS` or an array (checked against the data later)."""
     if isinstance(init, str):
-        if init not in ("k-means++", "random"):
-            raise ValueError(f"init must be 'k-means++', 'random' or an array; got {init!r}.")
+        if init not in SEEDINGS:
+            raise ValueError(f"init must be one of {_INIT_CHOICES} or an array; got {init!r}.")
     elif callable(init):
-        raise ValueError("init must be 'k-means++', 'random' or an array; callables are not supported.")
+        raise ValueError(f"init must be one of {_INIT_CHOICES} or an array; callables are not supported.")
+
+
+def seeding_of(est):
+    """The validated :class:`qkm._seeding.Seeding` of an estimator's init parameters.
+
+    Raises ValueError on a bad ``init``, ``d2_samples`` (int >= 1 or None),
+    ``oversampling_factor`` (float > 0), ``init_rounds`` (int >= 1) or
+    ``init_sample`` (float > 0 or None).
+    """
+    check_init(est.init)
+    d2_samples, factor, rounds, sample = est.d2_samples, est.oversampling_factor, est.init_rounds, est.init_sample
+    if d2_samples is not None and not (is_int(d2_samples) and d2_samples >= 1):
+        raise ValueError(f"d2_samples must be None or an integer >= 1; got {d2_samples!r}.")
+    if not (isinstance(factor, numbers.Real) and not isinstance(factor, bool) and factor > 0 and np.isfinite(factor)):
+        raise ValueError(f"oversampling_factor must be a float > 0; got {factor!r}.")
+    if not (is_int(rounds) and rounds >= 1):
+        raise ValueError(f"init_rounds must be an integer >= 1; got {rounds!r}.")
+    if sample is not None and not (isinstance(sample, numbers.Real) and not isinstance(sample, bool)
+                                   and sample > 0 and np.isfinite(sample)):
+        raise ValueError(f"init_sample must be None or a float > 0; got {sample!r}.")
+    return Seeding(init=est.init, d2_samples=d2_samples, oversampling_factor=float(factor), init_rounds=int(rounds),
+                   init_sample=None if sample is None else float(sample))
+
+
+def check_seeding(est):
+    """Validate an estimator's init parameters (see :func:`seeding_of`)."""
+    seeding_of(est)
 
 
 def check_verbose(verbose):
@@ -70,13 +101,18 @@ def check_verbose(verbose):
         raise ValueError(f"verbose must be an integer >= 0; got {verbose!r}.")
 
 
-def initial_centers(init, data, n_clusters, rng):
-    """Seeds for one run: greedy k-means++, distinct random rows, or the given array."""
-    if isinstance(init, str) and init == "k-means++":
-        return kmeans_plusplus(data, n_clusters, rng)[0]
-    if isinstance(init, str):
-        return random_rows(data, n_clusters, rng)[0]
-    return check_init_array(init, n_clusters, data.n_features, data.dtype)
+def initial_centers(est, data, n_clusters, rng):
+    """Seeds of one run (:class:`qkm._seeding.Seeds`: centres, cost, seconds) for an estimator.
+
+    ``est`` is an estimator with the init parameters or a
+    :class:`qkm._seeding.Seeding`. A given array is checked against the data;
+    its cost comes from one assignment pass.
+    """
+    seeding = est if isinstance(est, Seeding) else seeding_of(est)
+    if isinstance(seeding.init, str):
+        return run_seeding(seeding, data, n_clusters, rng)
+    centers = check_init_array(seeding.init, n_clusters, data.n_features, data.dtype)
+    return Seeds(centers, potential(data, centers), 0.0, "array", data.n_samples)
 
 
 def resolve_n_clusters(X, n_clusters, seeded_from_data, stacklevel=3):

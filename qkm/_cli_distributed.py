@@ -112,7 +112,9 @@ def train_sharded(args, make_estimator, progress_bar):
         raise ValueError(f"--scheduler supports --algorithm lloyd or elkan (not yet {args.algorithm}).")
     if args.with_index or args.with_features:
         raise ValueError("--with-index and --with-features need the data in memory; drop --scheduler.")
-    init = args.init if args.init in ("k-means++", "random") else np.load(args.init, allow_pickle=False)
+    from ._seeding import SEEDINGS
+
+    init = args.init if args.init in SEEDINGS else np.load(args.init, allow_pickle=False)
     est = make_estimator(args, init)
     from .distributed import ShardedData, connect
 

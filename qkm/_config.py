@@ -37,6 +37,12 @@ SPARSE_CENTROID_COST_FACTOR = 4.0
 #: bounds, one fused full pass is cheaper than pair-by-pair distances.
 ELKAN_FULL_PASS_FRACTION = 0.25
 
+#: Seedings (k-means|| rounds, weighted Lloyd on the candidates): a term is
+#: kept as a dense row of a block's C^T (one axpy over the block) when it occurs
+#: in more than this fraction of the block's sparse centres; rarer terms are
+#: scattered from CSR.
+SEEDING_DENSE_TERM_FRACTION = 0.1
+
 _DEFAULTS = dict(
     CHUNK_SIZE=CHUNK_SIZE,
     DENSE_BLOCK_ROWS=DENSE_BLOCK_ROWS,
@@ -46,6 +52,7 @@ _DEFAULTS = dict(
     CACHE=CACHE,
     SPARSE_CENTROID_COST_FACTOR=SPARSE_CENTROID_COST_FACTOR,
     ELKAN_FULL_PASS_FRACTION=ELKAN_FULL_PASS_FRACTION,
+    SEEDING_DENSE_TERM_FRACTION=SEEDING_DENSE_TERM_FRACTION,
 )
 
 

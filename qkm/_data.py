@@ -12,6 +12,9 @@ one per data set); any other operator (a sparse factor chain) computes its own
 partials. This module imports no operator.
 """
 
+import copy
+import time
+
 import numpy as np
 import scipy.sparse as sp
 
@@ -94,6 +97,12 @@ class KMeansData:
         """The mean row in float64, summed in the block-tree order of :mod:`qkm._reduce` (dense and CSR: same bits)."""
         n_lev = _reduce.n_levels(self.n_samples, self.block_rows, self.row0)
         return _reduce.column_sums_node(self.X, self.row0, self.block_rows, n_lev) / max(self.n_samples, 1)
+
+    def for_run(self):
+        """The same data for one of several concurrent runs: shared arrays and timings, own C^T buffer."""
+        clone = copy.copy(self)
+        clone._ct_buffer = None
+        return clone
 
     # ------------------------------------------------------------------ #
     def assign(self, layouts, labels, partial_best, rows=None, lb=None):

@@ -39,7 +39,8 @@ def n_local_trials_for(n_clusters):
     return 2 + int(np.log2(n_clusters))
 
 
-def kmeans_plusplus(data, n_clusters, random_state, n_local_trials=None):
+def kmeans_plusplus(data, n_clusters, random_state, n_local_trials=None, sample_weight=None,
+                    return_potential=False, rows_only=False):
     """Greedy k-means++ seeding.
 
     Parameters
@@ -49,13 +50,24 @@ def kmeans_plusplus(data, n_clusters, random_state, n_local_trials=None):
     n_clusters : int
     random_state : numpy.random.RandomState
     n_local_trials : int, default=None
-        ``None`` gives ``2 + floor(log2 n_clusters)``.
+        ``None`` gives ``2 + floor(log2 n_clusters)``; 1 is plain k-means++.
+    sample_weight : ndarray of shape (n_samples,), default=None
+        Row weights (k-means|| candidates): rows are drawn with probability
+        proportional to ``weight * D^2`` (the first one to ``weight``) and the
+        potential is weighted. ``None`` (all ones) draws exactly as before.
+    return_potential : bool, default=False
+        Also return the potential (weighted sum of squared distances to the
+        nearest chosen row) of the result.
+    rows_only : bool, default=False
+        Return only ``(indices, potential)``, without building the centres.
 
     Returns
     -------
     centers : ndarray of shape (n_clusters, n_features)
     indices : ndarray of shape (n_clusters,)
         Row of X chosen for each centre.
+    potential : float
+        Only with ``return_potential``.
     """
     X = data.X
     n = data.n_samples
@@ -77,22 +89,28 @@ def kmeans_plusplus(data, n_clusters, random_state, n_local_trials=None):
         d[np.arange(len(rows)), rows] = 0.0
         return d
 
+    w = None if sample_weight is None else np.asarray(sample_weight, dtype=np.float64)
     indices = np.empty(n_clusters, dtype=np.int64)
     # drawn like scikit-learn (uniform weights passed as p), so equal seeds give equal seeds
-    indices[0] = random_state.choice(n, p=np.full(n, 1.0 / n))
+    indices[0] = random_state.choice(n, p=np.full(n, 1.0 / n) if w is None else w / w.sum())
     closest = sq_dist_to(np.array([indices[0]]))[0]
-    potential = closest.sum()
+    potential = closest.sum() if w is None else closest @ w
     for c in range(1, n_clusters):
-        rand_vals = random_state.uniform(size=L) * potential
-        cand = np.searchsorted(np.cumsum(closest), rand_vals)
+        cum = np.cumsum(closest if w is None else closest * w)
+        rand_vals = random_state.uniform(size=L) * (potential if w is None else cum[-1])
+        cand = np.searchsorted(cum, rand_vals)
         np.clip(cand, None, n - 1, out=cand)
         d = sq_dist_to(cand)
         np.minimum(closest, d, out=d)
-        pots = d.sum(axis=1)
+        pots = d.sum(axis=1) if w is None else d @ w
         best = int(np.argmin(pots))
         potential = pots[best]
         closest = d[best]
         indices[c] = cand[best]
+    if rows_only:
+        return indices, float(potential)
+    if return_potential:
+        return _rows(X, indices), indices, float(potential)
     return _rows(X, indices), indices
 
 

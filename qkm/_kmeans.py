@@ -1,24 +1,26 @@
 """The :class:`KMeans` estimator: a thin scikit-learn style layer over the kernels."""
 
+import types
 import warnings
 
 import numpy as np
 from sklearn.utils import check_random_state
 
-from ._base import (OperatorClusterMixin, check_init, check_nonnegative_float, check_verbose, initial_centers,
-                    resolve_n_clusters, warn_if_clusters_lost)
+from ._base import (OperatorClusterMixin, check_nonnegative_float, check_seeding, check_verbose, initial_centers,
+                    resolve_n_clusters, seeding_of, warn_if_clusters_lost)
 from ._base import is_int as _is_int
 from ._data import KMeansData
 from ._operator_base import DenseOperator
 from ._elkan import kmeans_single_elkan
+from ._init import distinct_row_indices
 from ._init import kmeans_plusplus as _kmeans_plusplus
 from ._reduce import column_variances
 from ._lloyd import kmeans_single_lloyd
 from ._stopping import IterationLog
-from ._threads import effective_n_threads, numba_threads
+from ._threads import effective_n_threads, numba_threads, run_concurrently
 from ._validation import check_data, check_n_clusters
 
-__all__ = ["KMeans", "kmeans_plusplus"]
+__all__ = ["KMeans", "kmeans_plusplus", "seed_centers"]
 
 _ALGORITHMS = {"lloyd": kmeans_single_lloyd, "elkan": kmeans_single_elkan}
 
@@ -64,6 +66,54 @@ def kmeans_plusplus(X, n_clusters, *, random_state=None, n_local_trials=None, n_
         return _kmeans_plusplus(KMeansData(X), n_clusters, check_random_state(random_state), n_local_trials)
 
 
+def seed_centers(X, n_clusters, *, init="d2-seeding", d2_samples=None, oversampling_factor=2.0, init_rounds=5,
+                 init_sample=None, random_state=None, n_jobs=None):
+    """Initial centres from one of qkm's seedings, with their potential.
+
+    Parameters
+    ----------
+    X : {array-like, sparse matrix} of shape (n_samples, n_features)
+    n_clusters : int
+    init : {"d2-seeding", "k-means||", "k-means++", "random"}, default="d2-seeding"
+        See :class:`KMeans`; ``d2_samples``, ``oversampling_factor``,
+        ``init_rounds`` and ``init_sample`` as there.
+    random_state : int, RandomState instance or None, default=None
+    n_jobs : int or None, default=None
+        numba threads; the result does not depend on it.
+
+    Returns
+    -------
+    centers : ndarray of shape (n_clusters, n_features)
+        Distinct centres, in the dtype of ``X`` (float32 stays float32).
+    potential : float
+        Sum over the rows of ``X`` of the squared distance to the nearest
+        centre (the seeding cost).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from qkm import seed_centers
+    >>> X = np.array([[0.0, 0.0], [0.0, 1.0], [10.0, 10.0], [10.0, 11.0]])
+    >>> centers, cost = seed_centers(X, 2, init="k-means||", random_state=0)
+    >>> sorted(centers.tolist()), cost
+    ([[0.0, 0.5], [10.0, 10.5]], 1.0)
+    """
+    X = check_data(X)
+    n_clusters = check_n_clusters(n_clusters)
+    if n_clusters > X.shape[0]:
+        raise ValueError(f"n_samples={X.shape[0]} should be >= n_clusters={n_clusters}.")
+    params = types.SimpleNamespace(init=init, d2_samples=d2_samples, oversampling_factor=oversampling_factor,
+                                   init_rounds=init_rounds, init_sample=init_sample)
+    if not isinstance(init, str):
+        raise ValueError(f"init must be a seeding name; got {type(init).__name__}.")
+    seeding = seeding_of(params)
+    if len(distinct_row_indices(X, stop_at=n_clusters)) < n_clusters:
+        raise ValueError(f"X holds fewer than n_clusters={n_clusters} distinct points.")
+    with numba_threads(effective_n_threads(n_jobs)):
+        seeds = initial_centers(seeding, KMeansData(X), n_clusters, check_random_state(random_state))
+    return seeds.centers, seeds.cost
+
+
 def _scaled_tolerance(X, tol):
     """scikit-learn's rule: ``tol`` times the mean feature variance.
 
@@ -89,13 +139,30 @@ class KMeans(OperatorClusterMixin):
     n_clusters : int, default=8
         Number of clusters. When the data hold fewer distinct points, a
         warning says so and ``n_clusters_`` gives the number actually used.
-    init : {"k-means++", "random"} or array-like of shape (n_clusters, n_features), default="k-means++"
-        Greedy k-means++ with ``2 + floor(log2 K)`` candidates per step,
-        distinct random rows, or given centres.
+    init : {"k-means++", "d2-seeding", "k-means||", "random"} or array-like of shape (n_clusters, n_features), \
+default="k-means++"
+        Greedy k-means++ with ``2 + floor(log2 K)`` candidates per step;
+        D^2-seeding (each centre the mean of the heaviest group of a sample
+        of ``d2_samples`` points drawn by D^2; lowest seeding cost); k-means||
+        (``init_rounds`` rounds of independent D^2 sampling, then the
+        weighted candidates reclustered; fewest passes over the data);
+        distinct random rows; or given centres. See the README's "Seedings".
+    d2_samples : int or None, default=None
+        Points drawn per D^2-seeding step (N); None gives ``10 * n_clusters``.
+    oversampling_factor : float, default=2.0
+        k-means||: about ``oversampling_factor * n_clusters`` candidates
+        are drawn per round (ell = 2K).
+    init_rounds : int, default=5
+        k-means|| rounds (r).
+    init_sample : float or None, default=None
+        SystemML's ``samp``: seed on a sample of about ``init_sample *
+        n_clusters`` rows drawn by geometric skips (50 in SystemML); None
+        seeds on every row. Ignored for "random".
     n_init : "auto" or int, default="auto"
-        Runs from different seeds; the one with the lowest WCSS is kept
-        (SystemML's ``runs``). ``"auto"`` is 1 for k-means++ or an array,
-        10 for random.
+        Runs from different seeds, executed in parallel threads; the one
+        with the lowest WCSS is kept (SystemML's ``runs``; ties go to the
+        earlier run). ``"auto"`` is 1 for a seeding or an array, 10 for
+        random. A run whose clusters empty is repaired, never dropped.
     max_iter : int, default=300
         Iterations per run.
     tol : float, default=1e-4
@@ -127,7 +194,10 @@ class KMeans(OperatorClusterMixin):
         Clusters actually used (``< n_clusters`` only for too few distinct points).
     n_features_in_ : int
     history_ : list of dict
-        Per-iteration records of the best run (WCSS, shift, centroid storage, ...).
+        Per-iteration records of the best run (WCSS, shift, centroid storage,
+        ...). ``history_[0]`` also holds the seeding: ``seeding`` (its name),
+        ``seeding_cost`` (the potential of the initial centres on ``X``),
+        ``seeding_seconds`` and ``seeding_rows`` (rows it ran on).
 
     See Also
     --------
@@ -150,6 +220,10 @@ class KMeans(OperatorClusterMixin):
         n_clusters=8,
         *,
         init="k-means++",
+        d2_samples=None,
+        oversampling_factor=2.0,
+        init_rounds=5,
+        init_sample=None,
         n_init="auto",
         max_iter=300,
         tol=1e-4,
@@ -161,6 +235,10 @@ class KMeans(OperatorClusterMixin):
     ):
         self.n_clusters = n_clusters
         self.init = init
+        self.d2_samples = d2_samples
+        self.oversampling_factor = oversampling_factor
+        self.init_rounds = init_rounds
+        self.init_sample = init_sample
         self.n_init = n_init
         self.max_iter = max_iter
         self.tol = tol
@@ -173,7 +251,7 @@ class KMeans(OperatorClusterMixin):
     # ------------------------------------------------------------------ #
     def _check_params(self):
         check_n_clusters(self.n_clusters)
-        check_init(self.init)
+        check_seeding(self)
         if not (self.n_init == "auto" or _is_int(self.n_init) and self.n_init >= 1):
             raise ValueError(f"n_init must be 'auto' or an integer >= 1; got {self.n_init!r}.")
         if not (_is_int(self.max_iter) and self.max_iter >= 1):
@@ -223,19 +301,27 @@ class KMeans(OperatorClusterMixin):
         rng = check_random_state(self.random_state)
         tol = _scaled_tolerance(X, self.tol)
         run = _ALGORITHMS[self.algorithm]
-        best = None
-        with numba_threads(effective_n_threads(self.n_jobs)):
+        seeding = seeding_of(self)
+        n_runs = self._n_runs()
+        # one RandomState per run, drawn up front: a run's result never depends on thread timing
+        rngs = [rng] if n_runs == 1 else [np.random.RandomState(s) for s in rng.randint(2**31 - 1, size=n_runs)]
+        n_threads = effective_n_threads(self.n_jobs)
+        with numba_threads(n_threads):
             data = KMeansData(X)
-            for run_id in range(self._n_runs()):
-                centers0 = initial_centers(self.init, data, n_clusters, rng)
-                log = IterationLog(self.verbose, prefix=f"run {run_id + 1}: " if self.verbose else "", callback=callback)
+
+            def one_run(run_id):
+                run_data = data if n_runs == 1 else data.for_run()
+                seeds = initial_centers(seeding, run_data, n_clusters, rngs[run_id])
+                log = IterationLog(self.verbose, prefix=f"run {run_id + 1}: " if self.verbose else "",
+                                   callback=callback, first=seeds.record)
                 labels, inertia, centers, n_iter = run(
-                    data, centers0, max_iter=self.max_iter, tol=tol, tol_wcss=self.tol_wcss,
+                    run_data, seeds.centers, max_iter=self.max_iter, tol=tol, tol_wcss=self.tol_wcss,
                     verbose=self.verbose, log=log,
                 )
-                if best is None or inertia < best[1]:
-                    best = (labels, inertia, centers, n_iter, log.records)
-        labels, inertia, centers, n_iter, records = best
+                return labels, inertia, centers, n_iter, log.records
+
+            results = run_concurrently(one_run, n_runs, n_threads)
+        labels, inertia, centers, n_iter, records = min(results, key=lambda r: r[1])  # first of equals
         warn_if_clusters_lost(labels, n_clusters)
         return self._set_fitted(labels, inertia, centers, n_iter, n_clusters, records)
 

@@ -39,17 +39,22 @@ class StoppingRule:
 
 
 class IterationLog:
-    """Per-iteration records; printed to stderr when ``verbose`` is set."""
+    """Per-iteration records; printed to stderr when ``verbose`` is set.
 
-    def __init__(self, verbose=0, stream=None, prefix="", callback=None):
+    ``first`` (a dict, e.g. the seeding's cost and time) is merged into the
+    first record, which becomes ``history_[0]``.
+    """
+
+    def __init__(self, verbose=0, stream=None, prefix="", callback=None, first=None):
         self.verbose = verbose
         self.callback = callback
         self.stream = stream if stream is not None else sys.stderr
         self.prefix = prefix
+        self.first = dict(first or {})
         self.records = []
 
     def record(self, iteration, **fields):
-        rec = {"iteration": iteration + 1, **fields}
+        rec = {"iteration": iteration + 1, **fields, **(self.first if not self.records else {})}
         self.records.append(rec)
         if self.callback is not None:
             self.callback(rec)

@@ -70,7 +70,9 @@ def _make_estimator(args, init):
     """The estimator ``qkm train`` fits, from its arguments."""
     from . import KMeans, LowRankKMeans, QKMeans
 
-    common = dict(n_clusters=args.k, init=init, random_state=args.seed, n_jobs=args.n_jobs, verbose=args.verbose)
+    common = dict(n_clusters=args.k, init=init, d2_samples=args.d2_samples, init_sample=args.init_sample,
+                  oversampling_factor=args.oversampling_factor, init_rounds=args.init_rounds,
+                  random_state=args.seed, n_jobs=args.n_jobs, verbose=args.verbose)
     if args.algorithm in ("lloyd", "elkan"):
         return KMeans(n_init=args.n_init if args.n_init is not None else "auto",
                       max_iter=args.max_iter if args.max_iter is not None else 300,
@@ -91,6 +93,8 @@ def _cmd_train(args):
     from .export import data_fingerprint, save_model
     from .io import save_centroids, save_labels
 
+    from ._seeding import SEEDINGS
+
     # before the work, not after it (with --scheduler, --labels names the per-shard files)
     for path in (args.output, None if args.scheduler else args.labels, args.centroids):
         if path is not None:
@@ -101,7 +105,7 @@ def _cmd_train(args):
         return train_sharded(args, _make_estimator, ProgressBar)
     X, y_file = _load(args.data, args.format)
     init = args.init
-    if init not in ("k-means++", "random"):
+    if init not in SEEDINGS:
         init = np.load(init, allow_pickle=False)
     elif args.k >= 1 and min(X.shape) > 0 and (n_distinct := len(distinct_row_indices(X, stop_at=args.k))) < args.k:
         # the estimators would fit fewer clusters (with a warning); asked on the command line, it is an error
@@ -116,6 +120,10 @@ def _cmd_train(args):
         if progress is not None:
             progress.close()
     elapsed = time.perf_counter() - t0
+    if args.verbose:  # the best run's seeding: its potential on the training data and its time
+        first = est.history_[0]
+        print(f"seeding: {first['seeding']} cost={first['seeding_cost']:.10g} "
+              f"seconds={first['seeding_seconds']:.3f} rows={first['seeding_rows']}", file=sys.stderr)
     index = nystroem = None
     if args.with_index:  # inverted lists of the training rows, for approximate 1-NN search (/search)
         from .neighbors import ClusterIndex
@@ -262,7 +270,15 @@ def build_parser():
                    help="lloyd or elkan: exact k-means (same result from the same init); qkmeans: centroids as a "
                         "product of sparse factors (QK-means); lowrank: rank-constrained centroids; default: lloyd")
     p.add_argument("--init", default="k-means++",
-                   help="'k-means++' (greedy, default), 'random', or a .npy file of K x D initial centres")
+                   help="'k-means++' (greedy, default), 'd2-seeding' (lowest seeding cost), 'k-means||' (fewest "
+                        "passes over the data), 'random', or a .npy file of K x D initial centres")
+    p.add_argument("--d2-samples", type=int, default=None,
+                   help="d2-seeding: points drawn per step (default: 10 K)")
+    p.add_argument("--oversampling-factor", type=float, default=2.0,
+                   help="k-means||: candidates drawn per round, in multiples of K (default: 2)")
+    p.add_argument("--init-rounds", type=int, default=5, help="k-means||: sampling rounds (default: 5)")
+    p.add_argument("--init-sample", type=float, default=None, metavar="SAMP",
+                   help="seed on a sample of about SAMP x K rows (SystemML's samp, 50 there; default: all rows)")
     p.add_argument("--n-init", type=int, default=None,
                    help="runs from different seeds, keeping the lowest WCSS (default: 1 for k-means++, 10 for random)")
     p.add_argument("--max-iter", type=int, default=None,

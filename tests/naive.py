@@ -168,3 +168,11 @@ def greedy_ols(A, T, scale, budget):
             break
         mask[pick] = True
     return mask
+def potential(X, C):
+    """Sum over the rows of the squared distance to the nearest centre (the seeding cost)."""
+    return assign(X, C)[1].sum()
+
+
+def bernoulli_rows(n, p, random_state):
+    """Rows kept independently with probability p, one coin per row (what geometric skips emulate)."""
+    return np.flatnonzero(random_state.uniform(size=n) < p)

@@ -84,6 +84,40 @@ def test_same_result_as_in_memory(inproc_client, tmp_path_factory, data, kind, l
     assert_same_fit(qkm.KMeans(**kw).fit(sd), qkm.KMeans(**kw).fit(X))
 
 
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("kind", ["dense", "csr"])
+def test_kmeans_parallel_seeding_on_the_shards(inproc_client, tmp_path_factory, data, kind, layout):
+    """k-means|| runs where the rows are (one chunk per shard): the seeds and the fit of the in-memory run."""
+    X = data[kind]
+    sd = ShardedData(shards(tmp_path_factory, X, LAYOUTS[layout]), inproc_client)
+    kw = dict(n_clusters=K, init="k-means||", random_state=11, oversampling_factor=1.0, init_rounds=3, max_iter=30)
+    got, ref = qkm.KMeans(**kw).fit(sd), qkm.KMeans(**kw).fit(X)
+    assert got.history_[0]["seeding"] == "k-means||"
+    assert got.history_[0]["seeding_cost"] == pytest.approx(ref.history_[0]["seeding_cost"], rel=1e-12)
+    assert_same_fit(got, ref)
+    assert not any("kmpar" in str(k) for st in inproc_client.gather(sd._submit_each(_state_keys)) for k in st)
+
+
+def _state_keys(shard):
+    return list(shard.state)
+
+
+@pytest.mark.parametrize("init", ["d2-seeding", "k-means++"])
+def test_driver_seedings_on_the_whole_data(inproc_client, tmp_path_factory, data, init):
+    X = data["csr"]
+    sd = ShardedData(shards(tmp_path_factory, X, LAYOUTS["3 shards + empty"]), inproc_client)
+    kw = dict(n_clusters=K, init=init, n_init=2, random_state=4, max_iter=30)
+    got, ref = qkm.KMeans(**kw).fit(sd), qkm.KMeans(**kw).fit(X)
+    assert got.history_[0]["seeding"] == init
+    assert_same_fit(got, ref)
+
+
+def test_init_sample_is_refused_on_shards(inproc_client, tmp_path_factory, data):
+    sd = ShardedData(shards(tmp_path_factory, data["dense"], LAYOUTS["2 shards"]), inproc_client)
+    with pytest.raises(ValueError, match="init_sample"):
+        qkm.KMeans(n_clusters=K, init_sample=2.0).fit(sd)
+
+
 @pytest.mark.parametrize("algorithm", ["lloyd", "elkan"])
 def test_empty_cluster_repaired_from_the_shards_candidates(inproc_client, tmp_path_factory, data, algorithm):
     X = data["csr"]

@@ -4,19 +4,17 @@ import uuid
 import warnings
 
 import numpy as np
-import scipy.sparse as sp
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.utils import check_random_state
 
-from .._base import warn_if_clusters_lost
-from .._data import KMeansData
-from .._init import distinct_row_indices, kmeans_plusplus
+from .._base import seeding_of, warn_if_clusters_lost
 from .._reduce import n_levels
 from .._stopping import IterationLog
-from .._validation import check_init_array, check_n_clusters
+from .._validation import check_n_clusters
 from .. import _config
 from . import _shard_tasks as T
 from ._driver import run_elkan, run_lloyd
+from ._seeding import initial_seeds
 
 __all__ = ["fit_kmeans"]
 
@@ -52,39 +50,6 @@ def scaled_tolerance(sd, tol):
     return float(np.mean(variances) * tol)
 
 
-def _stack(parts):
-    return sp.vstack(parts, format="csr") if sp.issparse(parts[0]) else np.concatenate(parts)
-
-
-def initial_centers(init, sd, n_clusters, rng):
-    """:func:`qkm._base.initial_centers` over shards (k-means++ on a sample of ``sd.init_sample_size`` rows)."""
-    if not isinstance(init, str):
-        return check_init_array(init, n_clusters, sd.n_features, sd.dtype)
-    if init == "random":
-        idx = rng.choice(sd.n_rows, size=n_clusters, replace=False)
-        rows = sd.fetch_rows(idx)
-        if len(distinct_row_indices(rows + 0.0)) < n_clusters:  # rare: some drawn rows are equal
-            digests = [d for part in sd.gather_each(T.row_digests) for d in part]
-            first = {}
-            for i, d in enumerate(digests):
-                first.setdefault(d, i)
-            pool = np.sort(np.fromiter(first.values(), dtype=np.int64))
-            rows = sd.fetch_rows(pool[rng.choice(pool.shape[0], size=n_clusters, replace=False)])
-        return np.ascontiguousarray(rows, dtype=sd.dtype)
-    if sd.n_rows <= sd.init_sample_size:  # the whole data: exactly the single-machine seeding
-        sample = _stack(sd.gather_each(T.all_rows))
-    else:
-        seed = int(rng.randint(np.iinfo(np.int32).max))
-        counts = np.random.default_rng([seed, 0]).multivariate_hypergeometric(sd.sizes, sd.init_sample_size)
-        futures = sd.load()
-        parts = [sd.client.submit(T.sample_rows, f, int(c), [seed, 1, int(i)], workers=[w],
-                                  allow_other_workers=False, pure=False)
-                 for f, c, i, w in zip(futures, counts, sd.shards, sd.owners) if c > 0]
-        sd._wait(parts)
-        sample = _stack(sd.client.gather(parts))
-    return kmeans_plusplus(KMeansData(sample), n_clusters, rng)[0]
-
-
 def fit_kmeans(est, sd, callback=None):
     """Fit ``est`` (a :class:`qkm.KMeans`, parameters checked) on the shards of ``sd``."""
     sd.load()
@@ -93,14 +58,19 @@ def fit_kmeans(est, sd, callback=None):
     rng = check_random_state(est.random_state)
     tol = scaled_tolerance(sd, est.tol)
     run = _RUNS[est.algorithm]
+    seeding = seeding_of(est)
+    n_runs = est._n_runs()
+    # one RandomState per run drawn up front, as KMeans.fit does in-process
+    rngs = [rng] if n_runs == 1 else [np.random.RandomState(s) for s in rng.randint(2**31 - 1, size=n_runs)]
     token = uuid.uuid4().hex
     best = None
-    for run_id in range(est._n_runs()):
-        centers0 = initial_centers(est.init, sd, n_clusters, rng)
-        sd.reset_traffic()
-        log = IterationLog(est.verbose, prefix=f"run {run_id + 1}: " if est.verbose else "", callback=callback)
+    for run_id in range(n_runs):
         key = (token, run_id)
-        inertia, centers, n_iter = run(sd, centers0, max_iter=est.max_iter, tol=tol, tol_wcss=est.tol_wcss,
+        seeds = initial_seeds(seeding, sd, n_clusters, rngs[run_id], key)
+        sd.reset_traffic()
+        log = IterationLog(est.verbose, prefix=f"run {run_id + 1}: " if est.verbose else "", callback=callback,
+                           first=seeds.record)
+        inertia, centers, n_iter = run(sd, seeds.centers, max_iter=est.max_iter, tol=tol, tol_wcss=est.tol_wcss,
                                        verbose=est.verbose, log=log, key=key)
         if best is None or inertia < best[1]:
             best = (key, inertia, centers, n_iter, log.records)

@@ -1,0 +1,478 @@
+"""Seedings: k-means++, D^2-seeding, k-means|| and SystemML's sampled seeding.
+
+One entry point, :func:`run_seeding`, gives the initial centres of one run
+with their potential (the *seeding cost*, ``sum_i min_j ||x_i - c_j||^2``)
+and the time the seeding took.
+
+* ``"k-means++"``: greedy k-means++ (:mod:`qkm._init`); ``n_local_trials=1``
+  is plain k-means++.
+* ``"d2-seeding"`` (Fast Parallel Initialisation for k-means): K sequential
+  steps; each draws N points independently from the D^2 distribution of the
+  centres so far, clusters that sample and takes the weighted mean of its
+  heaviest group as the next centre. The supplement leaves the clustering
+  open. Here the sample (its distinct rows, weighted by how often they were
+  drawn) is clustered by a weighted k-means (groups seeded by k-means++
+  inside the sample, up to ``SAMPLE_LLOYD_ITER`` Lloyd iterations) in which
+  a sample point nearer to an existing centre than to every group joins no
+  group. It uses K groups, as the supplement says, while that costs at most
+  ``FLAT_BUDGET`` (10) greedy k-means++ steps, else ``2 + floor(log2 K)``
+  groups (:func:`_flat_is_affordable`).
+  One step costs one pass over the data with one centre (the D^2 weights are
+  kept and lowered incrementally) plus ``O(N * groups)`` on the sample. A
+  centre that would lower no point's distance (it sits on an existing one)
+  is replaced by its group's seed row, so the K centres are distinct.
+* ``"k-means||"`` (Bahmani et al. 2012): rounds of independent D^2 sampling
+  with ``ell = oversampling_factor * K`` expected new candidates per round,
+  candidates weighted by the number of points nearest to them, then greedy
+  k-means++ and ``KMPAR_LLOYD_ITER`` weighted Lloyd iterations on the weighted
+  candidates. See "k-means|| in chunks" below.
+* ``"random"``: distinct rows drawn uniformly.
+* ``init_sample=SAMP`` (SystemML's ``samp``): the seeding runs on a sample of
+  about ``K * SAMP`` rows drawn by geometric skips (:func:`geometric_sample`).
+
+k-means|| in chunks
+-------------------
+The data are a list of *chunks* (row blocks; in-process: one chunk holding
+every row; a distributed backend: one per shard). A chunk's state
+(:class:`KMParChunk`) keeps, per row, the squared distance to the nearest
+candidate and that candidate's id. Per-chunk work, O(rows of the chunk):
+
+* :func:`chunk_lower` - distances to a block of new candidates only (a
+  :class:`qkm._seeding_kernels.CenterBlock`); updates the state, returns the
+  chunk's cost;
+* :func:`chunk_sample` - the rows kept this round (round key and scale in);
+* :func:`chunk_rows` - given rows (the first centre);
+* :func:`chunk_counts` - rows nearest to each candidate (the weights).
+
+The driver step (:func:`kmeans_parallel`), O(candidates): draw the first row,
+sum the chunk costs in chunk order, gather and de-duplicate the sampled rows,
+build the next block, sum the counts, and recluster the weighted candidates
+(:func:`recluster`). It reaches the chunks only through its ``map_chunks``
+argument, which a distributed backend replaces. A row is kept according to a
+counter-based draw keyed by (round, global row id), so the sample does not
+depend on the chunking; the total cost does, in its last bits (sum order).
+"""
+
+import dataclasses
+import time
+
+import numpy as np
+import scipy.sparse as sp
+
+from . import _config
+from . import _seeding_kernels as S_
+from ._seeding_kernels import SampleLayout
+from ._data import KMeansData
+from ._init import _rows, distinct_row_indices, kmeans_plusplus, n_local_trials_for, random_rows
+from .operator import DenseOperator
+
+__all__ = ["SEEDINGS", "Seeding", "Seeds", "run_seeding", "potential", "d2_seeding", "kmeans_parallel",
+           "geometric_sample", "KMParChunk", "chunk_lower", "chunk_sample", "chunk_rows",
+           "chunk_counts", "recluster"]
+
+SEEDINGS = ("k-means++", "d2-seeding", "k-means||", "random")
+
+#: Lloyd iterations clustering one D^2 sample, and on the k-means|| candidates.
+SAMPLE_LLOYD_ITER = 10
+KMPAR_LLOYD_ITER = 5
+#: D^2-seeding ("auto") clusters a sample into K groups while that costs at most FLAT_BUDGET greedy k-means++
+#: steps (counting FLAT_ITERS Lloyd iterations), else into 2 + log2 K groups; see _flat_is_affordable.
+FLAT_BUDGET = 10
+FLAT_ITERS = 4
+#: k-means|| rounds run past ``init_rounds`` at most this many times while fewer than K candidates exist.
+KMPAR_EXTRA_ROUNDS = 100
+
+
+@dataclasses.dataclass(frozen=True)
+class Seeding:
+    """A validated seeding request: the estimators' init parameters (see :func:`qkm._base.seeding_of`).
+
+    ``n_local_trials`` (k-means++ candidates per step, 1 = plain) and
+    ``d2_groups`` (see :func:`d2_seeding`) are not estimator parameters; the
+    benchmark sets them.
+    """
+
+    init: object = "k-means++"
+    d2_samples: int = None
+    oversampling_factor: float = 2.0
+    init_rounds: int = 5
+    init_sample: float = None
+    n_local_trials: int = None
+    d2_groups: str = "auto"
+
+
+@dataclasses.dataclass
+class Seeds:
+    """Initial centres of one run, their potential on the training data and the seeding time."""
+
+    centers: np.ndarray
+    cost: float
+    seconds: float
+    method: str
+    n_seeded_rows: int
+
+    @property
+    def record(self):
+        """The fields added to ``history_[0]``."""
+        return {"seeding": self.method, "seeding_cost": self.cost, "seeding_seconds": self.seconds,
+                "seeding_rows": self.n_seeded_rows}
+
+
+def potential(data, centers):
+    """Sum over the rows of the squared distance to the nearest centre (one assignment pass)."""
+    labels = np.empty(data.n_samples, dtype=np.int32)
+    partial = np.empty(data.n_samples, dtype=np.float64)
+    data.assign(DenseOperator(np.ascontiguousarray(centers, dtype=data.dtype)), labels, partial)
+    return float(data.sq_distances(partial).sum())
+
+
+def run_seeding(seeding, data, n_clusters, rng):
+    """Seeds of one run (``seeding.init`` a string of :data:`SEEDINGS`).
+
+    ``seconds`` times the seeding itself; seedings that do not know the
+    potential of their result (random rows, k-means||, a sample) get it from
+    one extra assignment pass, outside that time.
+    """
+    t0 = time.perf_counter()
+    target = data
+    if seeding.init_sample is not None and seeding.init != "random":
+        rows = geometric_sample(data.n_samples, n_clusters * seeding.init_sample, rng)
+        if rows.shape[0] < data.n_samples and len(distinct_row_indices(data.X[rows], stop_at=n_clusters)) == n_clusters:
+            target = KMeansData(data.X[rows])
+    cost = None
+    if seeding.init == "k-means++":
+        centers, _, cost = kmeans_plusplus(target, n_clusters, rng, seeding.n_local_trials, return_potential=True)
+    elif seeding.init == "d2-seeding":
+        centers, cost = d2_seeding(target, n_clusters, rng, seeding.d2_samples, seeding.d2_groups)
+    elif seeding.init == "k-means||":
+        centers = kmeans_parallel([KMParChunk(target)], n_clusters, rng, seeding.oversampling_factor,
+                                  seeding.init_rounds, n_local_trials=seeding.n_local_trials)
+    else:
+        centers = random_rows(target, n_clusters, rng)[0]
+    seconds = time.perf_counter() - t0
+    if cost is None or target is not data:
+        cost = potential(data, centers)
+    return Seeds(centers, float(cost), seconds, seeding.init, target.n_samples)
+
+
+def geometric_sample(n, size, rng):
+    """Rows kept independently with probability ``p = size / n``, drawn by geometric skips (SystemML).
+
+    The gap to the next kept row is ``ceil(log(u) / log(1 - p))`` for a
+    uniform ``u`` in (0, 1), so only about ``size`` random numbers are drawn
+    (in batches of ``size + 10 sqrt(size)``, SystemML's bound). ``p >= 1``
+    keeps every row.
+
+    Examples
+    --------
+    >>> rows = geometric_sample(100000, 500, np.random.RandomState(0))
+    >>> 400 < rows.size < 600, bool(np.all(np.diff(rows) > 0))
+    (True, True)
+    """
+    p = size / n
+    if p >= 1:
+        return np.arange(n, dtype=np.int64)
+    batch = int(size + 10 * np.sqrt(size)) + 1
+    log_q = np.log1p(-p)
+    picked, last = [], -1
+    while last < n:
+        u = 1.0 - rng.uniform(size=batch)  # in (0, 1]
+        gaps = np.maximum(np.ceil(np.log(u) / log_q), 1).astype(np.int64)
+        pos = last + np.cumsum(gaps)
+        picked.append(pos[pos < n])
+        last = int(pos[-1])
+    return np.concatenate(picked)
+
+
+# --------------------------------------------------------------------------- #
+# D^2-seeding
+# --------------------------------------------------------------------------- #
+def d2_seeding(data, n_clusters, rng, n_samples=None, groups="auto"):
+    """D^2-seeding (see the module docstring).
+
+    Parameters
+    ----------
+    data : KMeansData
+    n_clusters : int
+    rng : numpy.random.RandomState
+    n_samples : int, default=None
+        Points drawn per step (N); None gives ``10 * n_clusters``.
+    groups : {"auto", "flat", "few", "tree", "k"} or int, default="auto"
+        How the sample is clustered. "flat": K groups; "few" (or an int g):
+        ``2 + floor(log2 K)`` (or g) groups; "auto": flat when that costs at
+        most ``FLAT_BUDGET`` greedy k-means++ steps, else few; "tree": the heaviest
+        leaf of a hierarchical k-means with K leaves. In all of these a
+        sample point nearer to an existing centre than to every group joins
+        none. "k": the supplement read literally, K groups that every sample
+        point joins.
+
+    Returns
+    -------
+    centers : ndarray of shape (n_clusters, n_features), data dtype
+    potential : float
+    """
+    n = data.n_samples
+    N = 10 * n_clusters if n_samples is None else int(n_samples)
+    if groups == "auto":
+        groups = "flat" if _flat_is_affordable(data, n_clusters, N) else "few"
+    centers = np.empty((n_clusters, data.n_features), dtype=data.dtype)
+    closest = np.full(n, np.inf)
+    nearest = np.zeros(n, dtype=np.int64)
+    m = n_local_trials_for(n_clusters)
+    ranks = None
+    if data.sparse:
+        order = np.argsort(-data.doc_freq, kind="stable")
+        rank = np.empty_like(order)
+        rank[order] = np.arange(order.shape[0])
+        ranks = (order, rank)
+    for step in range(n_clusters):
+        if step == 0:
+            draws = rng.randint(n, size=N)
+        else:
+            cum = np.cumsum(closest)
+            draws = np.minimum(np.searchsorted(cum, rng.uniform(size=N) * cum[-1]), n - 1)
+        rows, counts = np.unique(draws, return_counts=True)
+        sample = SampleLayout(data, rows, counts.astype(np.float64),
+                         closest[rows] if groups != "k" else np.full(rows.shape[0], np.inf), ranks=ranks)
+        best = [0.0, None, 0]  # weight, centre (transposed column), seed row of the heaviest group so far
+        if groups == "tree":
+            _heaviest_leaf(sample, n_clusters, m, rng, best)
+        else:
+            n_groups = {"k": n_clusters, "flat": n_clusters, "few": m}.get(groups, groups)
+            _heaviest_leaf(sample, n_groups, n_groups, rng, best, recurse=False)
+        center = sample.expand(best[1], data.n_features).astype(data.dtype)
+        if not _lower_to_center(data, center, step, closest, nearest):
+            # the mean helps no point (it sits on an existing centre): take the group's seed row
+            center = _rows(data.X, np.array([rows[best[2]]]))[0]
+            _lower_to_center(data, center, step, closest, nearest)
+        centers[step] = center
+    return centers, float(closest.sum())
+
+
+def _flat_is_affordable(data, n_clusters, n_samples):
+    """Whether clustering a sample into K groups costs at most FLAT_BUDGET greedy k-means++ steps.
+
+    Flat clustering: about ``(1 + FLAT_ITERS) * K * (nonzeros of the sample +
+    its width)`` multiply-adds (k-means++ seeds, then Lloyd iterations, each a
+    pass over the sample per group plus the means). A greedy step: ``2 +
+    floor(log2 K)`` candidates, each ``sum_t df_t^2 / n`` (the expected cost
+    of a random row through the CSC copy; ``n * D`` for data without zeros).
+    Both count the nonzeros of the data (``df_t``: rows with a nonzero in
+    column t), so a dense array and its CSR copy decide alike.
+    """
+    n = data.n_samples
+    if data.sparse:
+        doc_freq, nnz = data.doc_freq, data.nnz
+    else:
+        doc_freq = np.count_nonzero(data.X, axis=0).astype(np.float64)
+        nnz = float(doc_freq.sum())
+    sample_nnz = n_samples * nnz / n
+    flat = (1 + FLAT_ITERS) * n_clusters * (sample_nnz + min(data.n_features, sample_nnz))
+    candidate = float(doc_freq @ doc_freq) / n
+    return flat <= FLAT_BUDGET * n_local_trials_for(n_clusters) * candidate
+
+
+def _lower_to_center(data, center, center_id, closest, nearest):
+    """Lower the D^2 weights with one new centre; True if some row got strictly closer (now nearest to it)."""
+    c = np.asarray(center, dtype=np.float64)
+    X = data.X
+    if data.sparse:
+        S_.lower_to_center_sparse(X.data, X.indices, X.indptr, data.x_sq, c, float(c @ c), data.err_rel,
+                                  center_id, closest, nearest)
+    else:
+        S_.lower_to_center_dense(X, c, center_id, closest, nearest)
+    return bool(np.any(nearest == center_id))
+
+
+def _cluster(sample, n_groups, rng):
+    """Weighted k-means of a sample: seeds by k-means++ inside it, Lloyd until stable.
+
+    D^2 for the seeds counts the existing centres (``sample.outside``); a
+    point nearer to an existing centre than to every group joins none.
+    Returns labels (-1: none), GT (width, g) group means, totals (g,), seeds.
+    """
+    u = sample.x_sq.shape[0]
+    seeds = []
+    dmin = sample.outside.copy()
+    d = np.empty(u)
+    buf = np.zeros(sample.width)
+    for g in range(min(n_groups, u)):
+        p = sample.weights if g == 0 else sample.weights * np.where(np.isfinite(dmin), dmin, 0.0)
+        total = p.sum()
+        if not total > 0:
+            break
+        seeds.append(int(rng.choice(u, p=p / total)))
+        S_.sample_dots_to_row(*sample.arrays, sample.x_sq, seeds[-1], buf, d)
+        np.minimum(dmin, d, out=dmin)
+    GT = sample.transposed_rows(seeds)
+    labels = np.full(u, -2, dtype=np.int64)
+    new = np.empty(u, dtype=np.int64)
+    totals = np.zeros(len(seeds))
+    g_sq = np.einsum("ij,ij->j", GT, GT)
+    for _ in range(SAMPLE_LLOYD_ITER):
+        S_.sample_assign(*sample.arrays, sample.x_sq, GT, g_sq, sample.outside, new, d)
+        if np.array_equal(new, labels):
+            break
+        labels[:] = new
+        S_.sample_means(*sample.arrays, sample.weights, labels, GT, g_sq, totals)
+    inside = labels >= 0
+    sse = np.bincount(labels[inside], weights=(sample.weights * d)[inside], minlength=len(seeds))
+    return labels, GT, totals, seeds, sse
+
+
+def _heaviest_leaf(sample, target, n_groups, rng, best, recurse=True):
+    """Split ``sample`` into ``min(n_groups, ceil(target))`` groups, each child into its share of
+    ``target`` leaves, and so on; ``best`` = [weight, centre, seed row] of the heaviest leaf.
+
+    Children are visited heaviest first and never when lighter than the best
+    leaf so far (a leaf weighs at most its parent), so most of the tree is
+    never built. ``recurse=False`` is a flat clustering into ``min(n_groups, target)`` groups.
+    """
+    labels, GT, totals, seeds, sse = _cluster(sample, int(min(n_groups, max(np.ceil(target), 1))), rng)
+    for c in np.argsort(-totals, kind="stable"):
+        if totals[c] <= best[0]:
+            break
+        members = np.flatnonzero(labels == c)
+        share = target * sse[c] / sse.sum() if sse.sum() > 0 else 0.0
+        if recurse and share > 1 and members.shape[0] > 1:
+            _heaviest_leaf(sample.subset(members), share, n_groups, rng, best, recurse)
+        else:  # a leaf
+            best[:] = [totals[c], GT[:, c].copy(), int(sample.ids[seeds[c]])]
+
+
+# --------------------------------------------------------------------------- #
+# k-means||: per-chunk work
+# --------------------------------------------------------------------------- #
+class KMParChunk:
+    """One chunk of rows in k-means||: its data, global offset and per-row nearest candidate.
+
+    Parameters
+    ----------
+    data : KMeansData
+        The chunk's rows.
+    row_offset : int, default=0
+        Global id of its first row (keys the sampling draws).
+    """
+
+    def __init__(self, data, row_offset=0):
+        self.data = data
+        self.row_offset = int(row_offset)
+        self.closest = np.full(data.n_samples, np.inf)
+        self.nearest = np.zeros(data.n_samples, dtype=np.int64)
+
+
+def chunk_lower(chunk, block):
+    """Lower the chunk's distances with a block of new centres; returns the chunk's cost (float)."""
+    data = chunk.data
+    X = data.X
+    if data.sparse:
+        S_.lower_to_block_sparse(X.data, X.indices, X.indptr, data.x_sq, block.code, block.ct_dense,
+                                 block.ct_ptr, block.ct_idx, block.ct_val, block.c_sq, data.err_rel,
+                                 block.first_id, chunk.closest, chunk.nearest)
+    else:
+        CT = np.asarray(block.C, dtype=data.dtype).T
+        step = _config.DENSE_BLOCK_ROWS
+        for start in range(0, data.n_samples, step):
+            S_.lower_to_block_dense(X[start:start + step] @ CT, start, data.x_sq, block.c_sq, data.err_rel,
+                                    block.first_id, chunk.closest, chunk.nearest)
+    return float(chunk.closest.sum())
+
+
+def chunk_sample(chunk, key, scale):
+    """The rows kept this round (dense ndarray or CSR): row i with probability ``min(1, scale * closest[i])``."""
+    keep = np.empty(chunk.data.n_samples, dtype=np.bool_)
+    S_.sample_rows(chunk.closest, key, chunk.row_offset, float(scale), keep)
+    return chunk_rows(chunk, np.flatnonzero(keep))
+
+
+def chunk_rows(chunk, local_ids):
+    """The chunk's rows ``local_ids`` (dense ndarray or CSR)."""
+    return chunk.data.X[local_ids]
+
+
+def chunk_counts(chunk, n_candidates):
+    """Rows nearest to each candidate, float64 (the candidates' weights)."""
+    return np.bincount(chunk.nearest, minlength=n_candidates).astype(np.float64)
+
+
+# --------------------------------------------------------------------------- #
+# k-means||: driver
+# --------------------------------------------------------------------------- #
+def _in_process_map(fn, chunks, *args):
+    return [fn(chunk, *args) for chunk in chunks]
+
+
+def _stack(blocks):
+    return sp.vstack(blocks, format="csr") if sp.issparse(blocks[0]) else np.vstack(blocks)
+
+
+def kmeans_parallel(chunks, n_clusters, rng, oversampling_factor=2.0, n_rounds=5, n_local_trials=None,
+                    map_chunks=_in_process_map):
+    """k-means|| over a list of chunks (see "k-means|| in chunks"); returns dense centres of the data dtype.
+
+    ``map_chunks(fn, chunks, *args)`` runs a per-chunk function on every
+    chunk and returns the results in chunk order (in-process by default); it
+    is the only way the driver touches the chunks. ``chunk_lower`` updates a
+    chunk's state in place, so a distributed ``map_chunks`` keeps the states
+    where the chunks live.
+    """
+    sizes = [c.data.n_samples for c in chunks]
+    first = int(rng.randint(sum(sizes)))
+    owner = int(np.searchsorted(np.cumsum(sizes), first, side="right"))
+    candidates = map_chunks(chunk_rows, [chunks[owner]], np.array([first - sum(sizes[:owner])]))
+    phi = sum(map_chunks(chunk_lower, chunks, S_.CenterBlock(candidates[0], 0)))
+    n_cand = 1
+    ell = oversampling_factor * n_clusters
+    key0 = int(rng.randint(2 ** 31 - 1)) * (2 ** 31) + int(rng.randint(2 ** 31 - 1))
+    r = 0
+    while phi > 0 and (r < n_rounds or (n_cand < n_clusters and r < n_rounds + KMPAR_EXTRA_ROUNDS)):
+        key = S_.round_key(key0, r)
+        r += 1
+        new = _stack(map_chunks(chunk_sample, chunks, key, ell / phi))
+        if new.shape[0] == 0:
+            continue
+        new = new[distinct_row_indices(new)]
+        phi = sum(map_chunks(chunk_lower, chunks, S_.CenterBlock(new, n_cand)))
+        candidates.append(new)
+        n_cand += new.shape[0]
+    weights = np.sum(map_chunks(chunk_counts, chunks, n_cand), axis=0)
+    return recluster(_stack(candidates), weights, n_clusters, rng, n_local_trials)
+
+
+def _weighted_sums(X, weights, labels, n_groups):
+    """Per-group sums of the weighted rows ((g, D), sparse for CSR X) and the groups' total weights."""
+    M = sp.csr_matrix((weights, (labels, np.arange(X.shape[0]))), shape=(n_groups, X.shape[0]))
+    return M @ X, np.bincount(labels, weights=weights, minlength=n_groups)
+
+
+def recluster(candidates, weights, n_clusters, rng, n_local_trials=None, lloyd_iter=KMPAR_LLOYD_ITER):
+    """Greedy weighted k-means++ then weighted Lloyd on the candidates; dense (n_clusters, D) centres.
+
+    Candidates of zero weight are never drawn. If fewer than ``n_clusters``
+    candidates carry weight (only when the rounds ran out), the missing
+    centres come from greedy k-means++ on all candidates.
+    """
+    dtype = candidates.dtype
+    if np.count_nonzero(weights) < n_clusters:
+        weights = weights + (weights == 0)
+    cdata = KMeansData(candidates if sp.issparse(candidates) else np.ascontiguousarray(candidates))
+    idx, _ = kmeans_plusplus(cdata, n_clusters, rng, n_local_trials, sample_weight=weights, rows_only=True)
+    C = candidates[idx]
+    labels = None
+    for _ in range(lloyd_iter):
+        state = KMParChunk(cdata)
+        chunk_lower(state, S_.CenterBlock(C, 0))
+        if labels is not None and np.array_equal(state.nearest, labels):
+            break
+        labels = state.nearest
+        sums, totals = _weighted_sums(candidates, weights, labels, n_clusters)
+        inv = np.where(totals > 0, 1.0 / np.where(totals > 0, totals, 1.0), 0.0)
+        empty = (totals == 0).astype(np.float64)  # empty clusters keep their centre
+        if sp.issparse(sums):
+            C = (sp.diags(inv) @ sums + sp.diags(empty) @ C).tocsr().astype(dtype)
+            C.eliminate_zeros()
+        else:
+            C = np.ascontiguousarray(sums * inv[:, None] + C * empty[:, None], dtype=dtype)
+    if len(distinct_row_indices(C)) < n_clusters:
+        C = candidates[idx]  # Lloyd merged two centres: keep the distinct seeds
+    return _rows(C, np.arange(n_clusters))
