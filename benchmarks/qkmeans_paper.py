@@ -37,6 +37,7 @@ Threads are pinned to ``--threads`` (default 1) before numpy is imported. Data
 import argparse
 import os
 import platform
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -76,7 +77,9 @@ def parse_args():
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--data-dir", default=str(REPO.parent / "shared" / "data"))
     p.add_argument("--out", default=None, help="write <out>.json, <out>.md and <out>.png")
-    p.add_argument("--render-from", default=None, help="only rebuild the table and plot from a results JSON")
+    p.add_argument("--render-from", default=None,
+                   help="only rebuild the table and plot from results JSONs (comma-separated parts run apart, e.g. "
+                        "one seed each, are merged; with --out the merged JSON is written too)")
     return p.parse_args()
 
 
@@ -260,8 +263,14 @@ def goals(summary, defaults):
 def render(rows, defaults, env, command):
     summary = summarise(rows)
     lines = ["# QK-means on the paper's protocol, and when it pays", "",
-             "Produced by `benchmarks/qkmeans_paper.py`; rerun with:", "", "    " + command, "",
-             f"Environment: {env}.", "",
+             "Produced by `benchmarks/qkmeans_paper.py`; rerun with:", ""]
+    commands, envs = (command, env) if isinstance(command, list) else ([command], [env])
+    lines += ["    " + c for c in commands]
+    if len(commands) > 1:  # parts run side by side, then merged
+        lines += ["    .venv/bin/python benchmarks/qkmeans_paper.py --render-from "
+                  + ",".join(c.split("--out ")[-1].split()[0] + ".json" for c in commands) + " --out benchmarks/results/qkmeans_paper"]
+    lines += [""] + [f"Environment{f' (part {i + 1})' if len(envs) > 1 else ''}: {e}." for i, e in enumerate(envs)]
+    lines += ["",
              "Every method of a row group starts from the same k-means++ seeds (scikit-learn, on the centred float32",
              f"data) and runs {ITERATIONS} Lloyd iterations on the raw data; `ratio` is the objective over K-means' after",
              f"its {ITERATIONS} iterations, averaged over the seeds. `values` counts every stored number (factor nonzeros",
@@ -304,6 +313,8 @@ def plot(rows, path):
     from matplotlib.ticker import NullFormatter
 
     rows = summarise(rows)
+    if not rows:  # a defaults-only part: nothing to plot
+        return
     cells = []
     for r in rows:
         if (r["dataset"], r["K"]) not in cells:
@@ -335,15 +346,25 @@ def plot(rows, path):
     fig.savefig(path, dpi=110)
 
 
+def merge_parts(parts):
+    """One results record from parts run apart (rows and defaults in the parts' order; every env and command)."""
+    if len(parts) == 1:
+        return parts[0]
+    return dict(env=[p["env"] for p in parts], command=[p["command"] for p in parts],
+                rows=[r for p in parts for r in p["rows"]], defaults=[d for p in parts for d in p["defaults"]])
+
+
 def main():
     args = parse_args()
     if args.render_from:
         import json
 
-        data = json.loads(Path(args.render_from).read_text())
+        data = merge_parts([json.loads(Path(part).read_text()) for part in args.render_from.split(",")])
         text = render(data["rows"], data["defaults"], data["env"], data["command"])
         print(text)
         if args.out:
+            if "," in args.render_from:
+                Path(args.out + ".json").write_text(json.dumps(data, indent=1, default=float))
             Path(args.out + ".md").write_text(text)
             plot(data["rows"], args.out + ".png")
         return
@@ -367,7 +388,7 @@ def main():
     for name in args.datasets.split(","):
         X, y = load_dataset(name, args.data_dir, dtype=np.float32)
         seeds = args.kdd_seeds if name == "kddcup99" else args.seeds
-        for K in CELLS[name]:
+        for K in CELLS[name] if seeds else ():
             for seed in (int(v) for v in seeds.split(",")):
                 rows += run_cell(name, X, y, K, seed, tmp)
         if name == "fashion-mnist" and args.default_seeds:
@@ -376,7 +397,7 @@ def main():
     env = dict(python=platform.python_version(), numpy=np.__version__, qkm=qkm.__version__, cpu=cpu_name(),
                cpus=os.cpu_count(), threads=args.threads, loadavg_before=[round(v, 2) for v in load_before],
                loadavg_after=[round(v, 2) for v in os.getloadavg()])
-    command = ".venv/bin/python benchmarks/qkmeans_paper.py " + " ".join(sys.argv[1:])
+    command = ".venv/bin/python benchmarks/qkmeans_paper.py " + shlex.join(sys.argv[1:])
     text = render(rows, defaults, env, command.strip())
     print(text)
     if args.out:
