@@ -48,6 +48,7 @@ bench: $(VENV)/.installed
 	$(PY) benchmarks/onnx_export.py --out benchmarks/results/onnx_export
 	$(PY) benchmarks/paper_table4.py --out benchmarks/results/paper_table4
 	$(PY) benchmarks/serve_load.py --out benchmarks/results/serve_load
+	$(PY) benchmarks/ann.py --out benchmarks/results/ann
 
 clean:
 	rm -rf $(OUT) .pytest_cache

@@ -13,9 +13,10 @@ Protocol (Giffon et al., 2021, Section 5, and the reference code's evaluation sc
   sparsity s, Q = floor(log2 max(K, D))) from one shared k-means++ seeding;
   ``uniform``: K training rows drawn without replacement (scikit-learn
   Nystroem's draw for ``random_state=seed``).
-* 1-NN: ``qkm.ClusterIndex`` on the training rows, every test image queried with
-  nprobe = 1 (the paper's K-means 1-NN: search only the nearest cluster) and
-  larger; against exact brute force (numpy/BLAS, ``argmin ||y||^2 - 2 X_q Y^T``
+* 1-NN: ``qkm.ClusterIndex(partition="model")`` on the training rows (the
+  model's clusters as lists), every test image queried with nprobe = 1 (the
+  paper's K-means 1-NN: search only the nearest cluster) and larger;
+  against exact brute force (numpy/BLAS, ``argmin ||y||^2 - 2 X_q Y^T``
   in blocks of 256 queries), scikit-learn ``BallTree`` (exact, on the first
   ``--balltree-queries`` test images) and, if ``faiss-cpu`` imports, faiss
   ``IndexIVFFlat`` (float32) whose coarse quantizer holds the *same*
@@ -240,7 +241,8 @@ def main():
             for method, s, est, op, t_fit in sources:
                 cell = dict(base, K=K, s=s, method=method, nnz=int(op.nnz), seed=args.seed)
                 label = f"{method} (s={s})" if s is not None else method
-                index, t_index = timed(lambda: qkm.ClusterIndex(est, n_jobs=args.threads).fit(X, y))
+                index, t_index = timed(lambda: qkm.ClusterIndex(est, nprobe=1, partition="model",
+                                                                n_jobs=args.threads).fit(X, y))
                 for nprobe in (v for v in nprobes if v <= K):
                     (_, ind), t_q = per_query(lambda: index.query(Xt, 1, nprobe), lambda: index.query(Xt[:n_sub], 1, nprobe),
                                               Xt.shape[0], n_sub)
@@ -293,7 +295,7 @@ def main():
                                                            n_jobs=args.threads).fit(X))]
                 for method, s, est in ests:
                     op = qkm.nystroem._operator_of(est)
-                    index = qkm.ClusterIndex(est, n_jobs=args.threads).fit(X, y)
+                    index = qkm.ClusterIndex(est, nprobe=1, partition="model", n_jobs=args.threads).fit(X, y)
                     accs = {p: float(np.mean(y[index.query(Xt, 1, p)[1][:, 0]] == yt)) for p in (1, 2) if p <= K}
                     summary = evaluate(est, op, index, method, 0.0)
                     summary.update(base, K=K, s=s, method=method, nnz=int(op.nnz), seed=seed, nn1_accuracy=accs[1],

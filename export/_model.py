@@ -241,6 +241,7 @@ class Model:
             "checksum": self.checksum,
             "format_version": self.format_version,
             "has_index": self.index is not None,
+            "index": self.index.describe() if self.index is not None else None,
             "has_features": self.nystroem is not None,
             "metadata": self.metadata,
         }

@@ -39,7 +39,7 @@ def build(output=OUTPUT):
     X, y = load_data(str(SAMPLE))
     X = np.ascontiguousarray(X, dtype=np.float32)
     est = qkm.QKMeans(n_clusters=N_CLUSTERS, sparsity_level=3, random_state=0).fit(X)
-    index = qkm.ClusterIndex(est).fit(X[:INDEXED_ROWS], y[:INDEXED_ROWS])
+    index = qkm.ClusterIndex(est, random_state=0).fit(X[:INDEXED_ROWS], y[:INDEXED_ROWS])
     nystroem = qkm.Nystroem(n_components=N_CLUSTERS, landmarks=est).fit(X)
     return save_model(est, output, index=index, nystroem=nystroem, extra_metadata={
         "data": SAMPLE.name, "n_samples": int(X.shape[0]), "data_fingerprint": data_fingerprint(X),

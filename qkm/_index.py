@@ -1,37 +1,52 @@
-"""Search routines of :class:`qkm.ClusterIndex`: probing through the operator, exact search inside lists.
+"""Building and searching the inverted lists of :class:`qkm.ClusterIndex` (the kernels: :mod:`qkm._search_kernels`).
 
-Layout of a fitted index: the training rows sorted by cluster (stable, so
-rows keep their original order inside a list), ``offsets[c]:offsets[c + 1]``
-is list ``c``, ``row_ids[p]`` the original index of stored row ``p``.
-
-A query batch is searched list by list (IVF style): every (query, probed
-list) pair is grouped by list, the distances of a block of queries to all
-rows of the list come from one BLAS / sparse product
-``||x||^2 - 2 X_q X_c^T + ||y||^2``, and each list contributes its best
-``k`` candidates; the final ``k`` are re-scored exactly in float64 and
-sorted by (distance, index).
+:class:`InvertedLists` holds the indexed rows list by list, contiguous, with
+their coordinates on the principal axes of the data (``basis``) for the
+bounds that prune the scan. The lists are the index's own (a k-means of the
+rows' head coordinates, ranked per query by the kernels) or the clusters of
+the model (ranked by the model's centroid operator, the QK-means paper's
+protocol). :func:`calibrate_nprobe` picks ``nprobe`` for a target recall on
+held-out rows.
 """
+
+import math
+import warnings
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import scipy.sparse as sp
+from sklearn.decomposition import PCA, TruncatedSVD
+from sklearn.exceptions import ConvergenceWarning
 
 from . import _config
-from ._nystroem import row_sq_norms
+from . import _search_kernels as SK
+from . import _search_probe as SP
+from ._threads import numba_threads
+from ._validation import check_data
 
-__all__ = ["cluster_sq_distances", "nearest_clusters", "probe_lists", "search_lists", "select_neighbors"]
+__all__ = ["InvertedLists", "fit_basis", "fit_quantizer", "calibrate_nprobe", "nearest_clusters", "probe_lists"]
 
-#: Entries of one (queries x list rows) distance block (about 32 MB in float64).
-BLOCK_ELEMENTS = 1 << 22
+#: Coordinates of the head (quantiser space and first bound) and of each refinement block.
+HEAD_DIMS = 64
+BLOCK_DIMS = 64
+#: Refinement blocks after the head (coordinates kept per row: ``HEAD_DIMS + TAIL_BLOCKS * BLOCK_DIMS``).
+TAIL_BLOCKS = 2
+#: Rows of the sample the principal axes are fitted on.
+BASIS_SAMPLE = 20000
+#: Lloyd iterations of the index's own quantiser.
+QUANTIZER_ITER = 20
+#: Batches of at least this many queries get their deeper coordinates from BLAS (and run in threads).
+BATCH_MIN_ROWS = 8
+#: Queries per work unit of a batch (threads take them in turn; answers do not depend on the split).
+BATCH_CHUNK = 64
+#: One-sided confidence of the recall bound used by ``nprobe="auto"`` (Wilson score, z = 1.2816: 90 %).
+CALIBRATION_Z = 1.2816
 
-
-def cluster_sq_distances(operator, X):
-    """Squared distances of every row of ``X`` to every centroid, (n, K) float64, in row blocks."""
-    n = X.shape[0]
-    out = np.empty((n, operator.n_clusters), dtype=np.float64)
-    step = _config.DENSE_BLOCK_ROWS
-    for start in range(0, n, step):
-        out[start:start + step] = operator.sq_distances(X[start:start + step])
-    return out
+_EMPTY_F64 = np.zeros(0, dtype=np.float64)
+_EMPTY_I32 = np.zeros(0, dtype=np.int32)
+_ZERO_PTR = np.zeros(2, dtype=np.int64)
+_NO_GIVEN = np.zeros((1, 1), dtype=np.float64)
+_NO_TAIL = np.zeros((0, 0), dtype=np.float64)
 
 
 def nearest_clusters(operator, X):
@@ -44,159 +59,317 @@ def nearest_clusters(operator, X):
     return labels
 
 
-def _sorted_by_value_then_index(values, columns):
-    """``columns`` reordered by (value, column) along axis 1."""
-    order = np.lexsort((columns, values), axis=1)
-    return np.take_along_axis(columns, order, axis=1)
-
-
-def probe_lists(sq, sizes, nprobe, k):
-    """Lists to probe for every query: the ``nprobe`` nearest non-empty ones, widened to hold ``k`` rows.
-
-    Parameters
-    ----------
-    sq : ndarray of shape (n, K)
-        Squared distances of the queries to the centroids.
-    sizes : ndarray of shape (K,)
-        Rows per list; empty lists are never probed.
-    nprobe, k : int
-        ``1 <= k <= sizes.sum()``.
-
-    Returns
-    -------
-    probe : ndarray of shape (n, p_max), int64
-        Probed lists of each query, nearest first (ties: lowest index),
-        padded with -1. A query whose ``nprobe`` nearest lists hold fewer
-        than ``k`` rows probes the next nearest until they do.
-    """
-    n, K = sq.shape
-    nonempty = sizes > 0
-    sq = np.where(nonempty[None, :], sq, np.inf)
-    p = min(int(nprobe), int(nonempty.sum()))
-    if p == 1:  # argmin: lowest index on ties
-        probe = np.argmin(sq, axis=1)[:, None]
-        if k == 1:
-            return probe
-        cols = probe
-    elif p < K:
-        cols = np.argpartition(sq, p - 1, axis=1)[:, :p]
-    else:
-        cols = np.broadcast_to(np.arange(K), (n, K)).copy()
-    probe = _sorted_by_value_then_index(np.take_along_axis(sq, cols, axis=1), cols).astype(np.int64)
-    short = np.flatnonzero(sizes[probe].sum(axis=1) < k)
-    if short.size == 0:
-        return probe
-    full = _sorted_by_value_then_index(sq[short], np.broadcast_to(np.arange(K), (short.size, K)).copy())
-    cumulative = np.cumsum(sizes[full], axis=1)
-    need = (cumulative < k).sum(axis=1) + 1
-    p_max = max(p, int(need.max()))
-    out = np.full((n, p_max), -1, dtype=np.int64)
-    out[:, :p] = probe
-    out[short] = np.where(np.arange(p_max)[None, :] < need[:, None], full[:, :p_max], -1)
+def cluster_sq_distances(operator, X):
+    """Squared distances of every row of ``X`` to every centroid, (n, K) float64, in row blocks."""
+    out = np.empty((X.shape[0], operator.n_clusters), dtype=np.float64)
+    step = _config.DENSE_BLOCK_ROWS
+    for start in range(0, X.shape[0], step):
+        out[start:start + step] = operator.sq_distances(X[start:start + step])
     return out
 
 
-def _dot_t(A, B):
-    """``A @ B.T`` as a dense float64 ndarray, for dense or CSR ``A`` and ``B``."""
-    if sp.issparse(B):
-        out = (A @ B.T).toarray() if sp.issparse(A) else (B @ A.T).T
+def probe_lists(sq, sizes, nprobe, k):
+    """Lists probed for every query (numpy mirror of the kernels' rule, for diagnostics).
+
+    The ``nprobe`` nearest non-empty lists by ``sq`` (ties: lowest index),
+    widened with the next nearest until they hold ``k`` rows; (n, p_max)
+    int64, nearest first, padded with -1.
+    """
+    n, K = sq.shape
+    out = []
+    for i in range(n):
+        order = [c for c in np.lexsort((np.arange(K), sq[i])) if sizes[c] > 0]
+        total = np.cumsum(sizes[order])
+        p = max(min(nprobe, len(order)), int(np.searchsorted(total, k)) + 1)
+        out.append(order[:p])
+    p_max = max(len(o) for o in out)
+    probe = np.full((n, p_max), -1, dtype=np.int64)
+    for i, o in enumerate(out):
+        probe[i, :len(o)] = o
+    return probe
+
+
+# --------------------------------------------------------------------------- #
+# Building
+# --------------------------------------------------------------------------- #
+def fit_basis(X, n_coords, rng):
+    """Mean (D,) float64 and orthonormal principal axes (D, m) float32 of a row sample of ``X``.
+
+    Dense rows: :class:`sklearn.decomposition.PCA`, ``m = min(n_coords, D)``
+    (fewer if the sample is smaller). CSR rows: the head only
+    (``m = min(HEAD_DIMS, D - 1)``), from
+    :class:`~sklearn.decomposition.TruncatedSVD` (no centring, mean 0): on
+    sparse text-like data the deeper axes bound little and a dense basis of
+    ``D x m`` would cost more than the rows.
+    """
+    n, D = X.shape
+    sample = X[np.sort(rng.choice(n, size=min(n, BASIS_SAMPLE), replace=False))]
+    seed = int(rng.randint(np.iinfo(np.int32).max))
+    if sp.issparse(X):
+        m = min(n_coords, HEAD_DIMS, D - 1, sample.shape[0] - 1)
+        if m < 1:  # too small to fit axes: the first coordinate axes (orthonormal all the same)
+            return np.zeros(D), np.ascontiguousarray(np.eye(D, min(D, HEAD_DIMS), dtype=np.float32))
+        svd = TruncatedSVD(n_components=m, algorithm="randomized", n_iter=3, random_state=seed).fit(sample)
+        components, mean = svd.components_, np.zeros(D)
     else:
-        out = A @ B.T
-    return np.asarray(out, dtype=np.float64)
+        m = min(n_coords, D, sample.shape[0])
+        pca = PCA(n_components=m, random_state=seed).fit(np.asarray(sample, dtype=np.float64))
+        components, mean = pca.components_, np.asarray(pca.mean_, dtype=np.float64)
+    return mean, np.ascontiguousarray(np.asarray(components, dtype=np.float64).T, dtype=np.float32)
 
 
-def search_lists(Xq, xq_sq, probe, store, store_sq, offsets, k):
-    """Best ``k`` rows of every probed list for every query (squared distances by the expansion).
+def coordinates(X, mean, basis, start=0, stop=None):
+    """``(X - mean) @ basis[:, start:stop]`` in float64 (BLAS; the rows' coordinates and a batch's deeper ones)."""
+    B = np.asarray(basis[:, start:stop], dtype=np.float64)
+    if sp.issparse(X):
+        return np.asarray(X @ B, dtype=np.float64)
+    out = np.empty((X.shape[0], B.shape[1]))
+    step = _config.DENSE_BLOCK_ROWS
+    for s in range(0, X.shape[0], step):
+        out[s:s + step] = (np.asarray(X[s:s + step], dtype=np.float64) - mean) @ B
+    return out
+
+
+def centred_sq_norms(X, mean):
+    """``||x - mean||^2`` of every row, float64."""
+    if sp.issparse(X):
+        return np.asarray(X.multiply(X).sum(axis=1), dtype=np.float64).ravel()
+    out = np.empty(X.shape[0])
+    step = _config.DENSE_BLOCK_ROWS
+    for s in range(0, X.shape[0], step):
+        A = np.asarray(X[s:s + step], dtype=np.float64) - mean
+        out[s:s + step] = np.einsum("ij,ij->i", A, A)
+    return out
+
+
+def fit_quantizer(head, n_lists, random_state, n_jobs):
+    """The index's own lists: :class:`qkm.KMeans` of the rows' head coordinates; its centroids (L, h) float32."""
+    from ._kmeans import KMeans
+
+    with warnings.catch_warnings():  # fewer distinct heads than lists: fewer lists
+        warnings.filterwarnings("ignore", category=ConvergenceWarning)
+        km = KMeans(n_clusters=n_lists, init="k-means++", n_init=1, max_iter=QUANTIZER_ITER,
+                    random_state=random_state, n_jobs=n_jobs).fit(np.ascontiguousarray(head, dtype=np.float32))
+    return np.ascontiguousarray(km.operator_.to_dense(), dtype=np.float32)
+
+
+def coordinate_codec(Z, store):
+    """How the rows' coordinates are stored: ``(codec, encode)``.
+
+    ``codec`` (m, 4) float32 holds per coordinate ``lo``, ``1 / step``,
+    ``step^2`` and the slack: a stored value ``c`` says the coordinate ``z``
+    satisfies ``|(z - lo) / step - c| <= slack``. ``"float32"``: the
+    coordinates themselves (lo 0, step 1, slack 0); ``"int8"``: 255 steps over
+    each coordinate's range on the indexed rows (slack 1/2 plus rounding).
+    """
+    m = Z.shape[1]
+    codec = np.zeros((m, 4), dtype=np.float32)
+    if store == "float32":
+        codec[:, 1:3] = 1.0
+        return codec, lambda A: np.asarray(A, dtype=np.float32)
+    low, high = (Z.min(axis=0), Z.max(axis=0)) if Z.shape[0] else (np.zeros(m), np.zeros(m))
+    lo = ((low + high) / 2).astype(np.float32)
+    span = (high - low) / 254.0
+    inv = np.where(span > 0, 1.0 / np.where(span > 0, span, 1.0), 1.0).astype(np.float32)
+    codec[:, 0], codec[:, 1] = lo, inv
+    codec[:, 2] = 1.0 / (inv.astype(np.float64) ** 2)
+    codec[:, 3] = 0.5 + 2.0 ** -10
+
+    def encode(A):
+        w = A.shape[1]  # the centroids have the head coordinates only
+        units = (np.asarray(A, dtype=np.float64) - lo[:w]) * inv[:w].astype(np.float64)
+        return np.clip(np.rint(units), -127, 127).astype(np.int8)
+
+    return codec, encode
+
+
+class InvertedLists:
+    """The indexed rows list by list, with their coordinates, as the search kernels read them.
+
+    Parameters
+    ----------
+    X : ndarray or CSR matrix of shape (n, D)
+        Validated rows, in their original order.
+    lists : ndarray of shape (n,), int
+        List of every row, in ``[0, n_lists)``.
+    n_lists : int
+    mean, basis : from :func:`fit_basis`
+    centers : ndarray of shape (n_lists, h) float32, or None
+        The lists' centroids in the head space (the index's own lists), or
+        None when the lists are ranked by given distances (the model's clusters).
+    store : {"float32", "int8"}
+        How the coordinates (and the centroids) are stored: see :func:`coordinate_codec`.
+    """
+
+    def __init__(self, X, lists, n_lists, mean, basis, centers=None, store="float32"):
+        n, D = X.shape
+        m = basis.shape[1]
+        h = min(HEAD_DIMS, m)
+        self.sparse = sp.issparse(X)
+        self.dtype = X.dtype
+        self.n_lists = int(n_lists)
+        self.head_dims, self.n_coords, self.block = h, m, BLOCK_DIMS
+        order = np.argsort(lists, kind="stable").astype(np.int64)
+        sizes = np.bincount(lists, minlength=n_lists).astype(np.int64)
+        offsets = np.zeros(n_lists + 1, dtype=np.int64)
+        np.cumsum(sizes, out=offsets[1:])
+        rows = X[order]
+        if self.sparse:
+            rows = sp.csr_matrix(rows)
+            rows.sort_indices()
+        else:
+            rows = np.ascontiguousarray(rows)
+        Z = coordinates(rows, mean, basis)
+        levels = [h] + [min(h + b * BLOCK_DIMS, m) for b in range(1, TAIL_BLOCKS + 1) if h + (b - 1) * BLOCK_DIMS < m]
+        ny = centred_sq_norms(rows, mean)
+        cum = np.cumsum(Z * Z, axis=1) if m else np.zeros((n, 1))
+        resid = np.sqrt(np.maximum(ny[:, None] - (cum[:, np.array(levels) - 1] if m else 0.0), 0.0))
+        codec, encode = coordinate_codec(Z, store)
+        S = encode(Z)
+        head_t = np.empty(n * h, dtype=S.dtype)
+        for c in range(n_lists):
+            lo, hi = offsets[c], offsets[c + 1]
+            head_t[h * lo:h * hi] = S[lo:hi, :h].T.ravel()
+        self.rows, self.row_ids, self.sizes, self.offsets = rows, order, sizes, offsets
+        self.mean, self.basis, self.store = mean, basis, store
+        self.centers = centers
+        self.nmax = float(ny.max()) if n else 0.0
+        centers_t = np.zeros((h, 0), dtype=S.dtype) if centers is None else np.ascontiguousarray(encode(centers).T)
+        tail = np.ascontiguousarray(S[:, h:])
+        if self.sparse:
+            dense, data, indices, indptr = np.zeros((1, 1), dtype=rows.dtype), rows.data, rows.indices, rows.indptr
+        else:
+            dense, data, indices, indptr = rows, np.zeros(0, dtype=rows.dtype), _EMPTY_I32, _ZERO_PTR
+        shift = np.asarray(basis, dtype=np.float64).T @ mean
+        self.ix = (mean, basis, shift, codec, centers_t, sizes, offsets, head_t, tail, resid.astype(np.float32), dense,
+                   data, indices, indptr.astype(np.int64), order)
+        self._top_sizes = np.cumsum(np.sort(sizes)[::-1])
+        self._caps = {}
+        self._largest = int(sizes.max()) if n_lists else 0
+
+    @property
+    def own(self):
+        return self.centers is not None
+
+    def nbytes(self):
+        """Bytes held: ``{"rows": ..., "coordinates": ..., "other": ...}``."""
+        rows = self.rows.data.nbytes + self.rows.indices.nbytes + self.rows.indptr.nbytes if self.sparse \
+            else self.rows.nbytes
+        coords = self.ix[7].nbytes + self.ix[8].nbytes + self.ix[9].nbytes
+        other = sum(a.nbytes for a in (self.mean, self.basis, self.ix[3], self.ix[4], self.sizes, self.offsets,
+                                       self.row_ids))
+        return {"rows": int(rows), "coordinates": int(coords), "other": int(other)}
+
+    def _capacity(self, nprobe, k):
+        """Most rows the probed lists can hold (the kernels' buffer size)."""
+        cap = self._caps.get((nprobe, k))
+        if cap is None:
+            n = self.row_ids.shape[0]
+            p = min(nprobe, self.n_lists)
+            cap = self._caps[nprobe, k] = int(min(n, max(self._top_sizes[p - 1] if p else 0, k + self._largest)))
+        return cap
+
+    def search_row(self, x, k, nprobe):
+        """``search`` of one dense C-contiguous float row (1, D) in the index's own lists: the leanest call."""
+        out_d = np.empty((1, k))
+        out_i = np.empty((1, k), dtype=np.int64)
+        SK.search(x if x.dtype == np.float64 else x.astype(np.float64), _EMPTY_F64, _EMPTY_I32, _ZERO_PTR, False,
+                  _NO_GIVEN, True, nprobe, self.ix, self.head_dims, self.block, self.nmax, self._capacity(nprobe, k),
+                  _NO_TAIL, out_d, out_i)
+        if out_d[0, 0] != out_d[0, 0]:  # NaN: the row is not finite
+            check_data(x)
+            raise ValueError("X holds values too large to square in float64.")
+        return out_d, out_i
+
+    def _queries(self, X):
+        """``(Q, qdata, qind, qptr)`` as the kernels take them (float64: one compiled kernel per rows dtype)."""
+        if self.sparse:
+            X = sp.csr_matrix(X, dtype=np.float64)
+            if not X.has_sorted_indices:
+                X = X.sorted_indices()
+            return _NO_GIVEN, X.data, X.indices.astype(np.int32), X.indptr.astype(np.int64)
+        if sp.issparse(X):
+            X = X.toarray()
+        return np.ascontiguousarray(X, dtype=np.float64), _EMPTY_F64, _EMPTY_I32, _ZERO_PTR
+
+    def search(self, X, k, nprobe, given=None, n_threads=1):
+        """``(distances, row ids)`` (n_q, k) of the ``k`` nearest rows in the ``nprobe`` nearest lists.
+
+        ``given`` (n_q, n_lists) float64: the queries' distances to the lists
+        when they are not the index's own.
+        """
+        n_q = X.shape[0]
+        out_d = np.empty((n_q, k))
+        out_i = np.empty((n_q, k), dtype=np.int64)
+        if n_q == 0:
+            return out_d, out_i
+        Q, qdata, qind, qptr = self._queries(X)
+        given = _NO_GIVEN if given is None else np.ascontiguousarray(given, dtype=np.float64)
+        cap = self._capacity(nprobe, k)
+        common = (self.sparse, given, self.own, int(nprobe), self.ix, self.head_dims, self.block, self.nmax, cap)
+        if n_q < BATCH_MIN_ROWS:
+            SK.search(Q, qdata, qind, qptr, *common, _NO_TAIL, out_d, out_i)
+        else:
+            tail = coordinates(X if self.sparse else Q, self.mean, self.basis, self.head_dims)
+
+            def run(start, stop):
+                if self.sparse:
+                    lo, hi = qptr[start], qptr[stop]
+                    q = (Q, qdata[lo:hi], qind[lo:hi], qptr[start:stop + 1] - lo)
+                else:
+                    q = (Q[start:stop], qdata, qind, qptr)
+                g = given[start:stop] if given.shape[0] == n_q else given
+                SK.search(*q, self.sparse, g, *common[2:], tail[start:stop], out_d[start:stop], out_i[start:stop])
+
+            chunks = [(s, min(s + BATCH_CHUNK, n_q)) for s in range(0, n_q, BATCH_CHUNK)]
+            if n_threads > 1 and len(chunks) > 1:
+                with ThreadPoolExecutor(max_workers=n_threads) as pool:
+                    list(pool.map(lambda c: run(*c), chunks))
+            else:
+                run(0, n_q)
+        if np.isnan(out_d[:, 0]).any():  # rows that were not validated (the one-row fast path) and not finite
+            check_data(X)
+            raise ValueError("X holds values too large to square in float64.")
+        return out_d, out_i
+
+    def list_distances(self, X, n_threads=1):
+        """The kernels' own distances of every query to every list, (n_q, n_lists) float64."""
+        Q, qdata, qind, qptr = self._queries(X)
+        out = np.empty((X.shape[0], self.n_lists))
+        with numba_threads(n_threads):
+            SP.probe_distances(Q, qdata, qind, qptr, self.sparse, self.ix, out)
+        return out
+
+
+def calibrate_nprobe(lists, X_held, held_ids, given, target, n_threads):
+    """Smallest ``nprobe`` whose recall@1 on held-out indexed rows reaches ``target`` with 90 % confidence.
+
+    The truth for a held-out row is its nearest indexed row other than
+    itself (exact: every list searched). Its recall at ``nprobe = p`` is
+    whether that row's list is among the row's ``p`` first probed lists.
 
     Returns
     -------
-    cand_sq : ndarray of shape (n, p_max * k), float64
-        Candidate squared distances; ``inf`` for unused slots.
-    cand_pos : ndarray of shape (n, p_max * k), int64
-        Stored-row positions of the candidates; -1 for unused slots.
+    nprobe : int
+    report : dict
+        ``held_out`` rows, ``recall`` measured at the chosen ``nprobe`` and
+        its ``recall_lower_bound``.
     """
-    n, p_max = probe.shape
-    width = p_max * k
-    cand_sq = np.full(n * width, np.inf)
-    cand_pos = np.full(n * width, -1, dtype=np.int64)
-    q, rank = np.nonzero(probe >= 0)
-    lists = probe[q, rank]
-    order = np.argsort(lists, kind="stable")
-    q, lists = q[order], lists[order]
-    first_slot = q * width + rank[order] * k  # flat index of the pair's first candidate slot
-    bounds = (np.flatnonzero(np.diff(lists)) + 1).tolist()
-    starts, ends = [0] + bounds, bounds + [int(lists.size)]
-    bounds_of = offsets.tolist()
-    dense = not sp.issparse(Xq) and not sp.issparse(store)
-    for s, e in zip(starts, ends):
-        c = int(lists[s])
-        lo, hi = bounds_of[c], bounds_of[c + 1]
-        rows, rows_sq = store[lo:hi], store_sq[lo:hi]
-        n_c = hi - lo
-        step = max(1, BLOCK_ELEMENTS // n_c)
-        for b in range(s, e, step):
-            stop = min(b + step, e)
-            qb = q[b:stop]
-            d = Xq[qb] @ rows.T if dense else _dot_t(Xq[qb], rows)
-            if d.dtype != np.float64:
-                d = d.astype(np.float64)
-            d *= -2.0
-            d += rows_sq
-            slots = first_slot[b:stop]
-            if k == 1:
-                j = np.argmin(d, axis=1)
-                cand_sq[slots] = d[np.arange(stop - b), j] + xq_sq[qb]
-                cand_pos[slots] = lo + j
-                continue
-            if n_c <= k:
-                j = np.broadcast_to(np.arange(n_c), (stop - b, n_c))
-            else:
-                j = np.argpartition(d, k - 1, axis=1)[:, :k]
-            slots = slots[:, None] + np.arange(j.shape[1])[None, :]
-            cand_sq[slots] = np.take_along_axis(d, j, axis=1) + xq_sq[qb, None]
-            cand_pos[slots] = lo + j
-    return cand_sq.reshape(n, width), cand_pos.reshape(n, width)
-
-
-def _pair_sq_distances(Xq, xq_sq, store, store_sq, pos):
-    """Exact ``||x_i - y_pos[i, j]||^2`` in float64, (n, k)."""
-    n, k = pos.shape
-    out = np.empty((n, k), dtype=np.float64)
-    if not sp.issparse(Xq) and not sp.issparse(store):
-        step = max(1, _config.DENSE_BLOCK_ROWS // 4)
-        for start in range(0, n, step):
-            xq = np.asarray(Xq[start:start + step], dtype=np.float64)
-            for j in range(k):
-                diff = xq - store[pos[start:start + step, j]]
-                out[start:start + step, j] = np.einsum("ij,ij->i", diff, diff)
-        return out
-    Xq = sp.csr_matrix(Xq, dtype=np.float64) if sp.issparse(Xq) else np.asarray(Xq, dtype=np.float64)
-    for j in range(k):
-        rows = store[pos[:, j]]
-        rows = sp.csr_matrix(rows, dtype=np.float64) if sp.issparse(rows) else np.asarray(rows, dtype=np.float64)
-        prod = Xq.multiply(rows) if sp.issparse(Xq) else rows.multiply(Xq)
-        dots = np.asarray(sp.csr_matrix(prod).sum(axis=1)).ravel()
-        out[:, j] = xq_sq + store_sq[pos[:, j]] - 2.0 * dots
-    return np.maximum(out, 0.0, out=out)
-
-
-def select_neighbors(Xq, xq_sq, cand_sq, cand_pos, store, store_sq, row_ids, k):
-    """The ``k`` nearest candidates, re-scored exactly: (distances, original indices), sorted by (distance, index)."""
-    n_rows = row_ids.shape[0]
-    if cand_pos.shape[1] == k:  # one list probed, holding at least k rows: every slot is used
-        pos = cand_pos
-    else:
-        ids = np.where(cand_pos >= 0, row_ids[np.maximum(cand_pos, 0)], n_rows)
-        order = np.lexsort((ids, cand_sq), axis=1)[:, :k]
-        pos = np.take_along_axis(cand_pos, order, axis=1)
-    dist = np.sqrt(_pair_sq_distances(Xq, xq_sq, store, store_sq, pos))
-    ids = row_ids[pos]
-    if k == 1:
-        return dist, ids
-    final = np.lexsort((ids, dist), axis=1)
-    return np.take_along_axis(dist, final, axis=1), np.take_along_axis(ids, final, axis=1)
-
-
-def stored_row_sq_norms(store):
-    """``||y||^2`` of the stored rows, float64."""
-    return row_sq_norms(store)
+    n_held = X_held.shape[0]
+    L = lists.n_lists
+    _, ids = lists.search(X_held, 2, L, given, n_threads)
+    nn = np.where(ids[:, 0] == held_ids, ids[:, 1], ids[:, 0])
+    list_of = np.empty(lists.row_ids.shape[0], dtype=np.int64)
+    list_of[lists.row_ids] = np.repeat(np.arange(L), lists.sizes)
+    pd = lists.list_distances(X_held, n_threads) if given is None else given
+    ranks = np.empty(n_held, dtype=np.int64)
+    SP.list_ranks(np.ascontiguousarray(pd), lists.sizes, list_of[nn], ranks)
+    hits = np.cumsum(np.bincount(ranks, minlength=L))  # hits[p - 1]: held-out rows found with nprobe = p
+    z2 = CALIBRATION_Z ** 2
+    for p in range(1, L + 1):
+        rate = hits[p - 1] / n_held
+        bound = (rate + z2 / (2 * n_held) - CALIBRATION_Z * math.sqrt(rate * (1 - rate) / n_held
+                                                                        + z2 / (4 * n_held ** 2))) / (1 + z2 / n_held)
+        if bound >= target or p == int((lists.sizes > 0).sum()):
+            break
+    return p, {"held_out": int(n_held), "recall": float(rate), "recall_lower_bound": float(bound)}

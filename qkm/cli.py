@@ -128,7 +128,7 @@ def _cmd_train(args):
     if args.with_index:  # inverted lists of the training rows, for approximate 1-NN search (/search)
         from .neighbors import ClusterIndex
 
-        index = ClusterIndex(est).fit(X, y_file)
+        index = ClusterIndex(est, random_state=args.seed, n_jobs=args.n_jobs).fit(X, y_file)
     if args.with_features:  # Nyström RBF features with the trained centres as landmarks (/features)
         from .nystroem import Nystroem
 

@@ -1,10 +1,17 @@
-"""Approximate nearest-neighbour search through the centroid operator (an inverted-file index).
+"""Approximate nearest-neighbour search: an inverted-file index with its own partition, or the model's clusters.
 
-:class:`ClusterIndex` stores the training rows grouped by their nearest
-centroid (one inverted list per cluster). A query is compared with the
-centroids through the model's operator (for QK-means, the factor chain) and
-searched exactly inside the ``nprobe`` nearest lists, which is the 1-NN
-protocol of the QK-means paper (``nprobe=1``) and faiss' ``IndexIVFFlat``.
+:class:`ClusterIndex` stores the training rows list by list, contiguous.
+By default the lists are the index's own partition, a k-means of the rows'
+coordinates on their first principal axes with about ``4 sqrt(n)`` lists,
+and ``nprobe`` is calibrated at fit time for a target recall. With
+``partition="model"`` the lists are the model's clusters, ranked per query
+through the model's centroid operator (the 1-NN protocol of the QK-means
+paper at ``nprobe=1``, faiss' ``IndexIVFFlat`` with the model's centroids).
+Either way a query is answered by one compiled ``nogil`` kernel that ranks
+the lists, bounds every row of the probed lists with its principal-axes
+coordinates and computes exact float64 distances for the rows the bounds
+cannot rule out, so the answer is exactly the ``k`` nearest rows of the
+probed lists.
 """
 
 import numbers
@@ -12,29 +19,33 @@ import numbers
 import numpy as np
 import scipy.sparse as sp
 from sklearn.base import BaseEstimator, clone
+from sklearn.utils import check_random_state
 from sklearn.utils.validation import check_is_fitted
 
-from ._base import check_export_header, is_int, operator_of
-from ._index import (cluster_sq_distances, nearest_clusters, probe_lists, search_lists, select_neighbors,
-                     stored_row_sq_norms)
+from ._base import is_int, operator_of
+from ._index import (HEAD_DIMS, TAIL_BLOCKS, BLOCK_DIMS, InvertedLists, calibrate_nprobe, cluster_sq_distances,
+                     coordinates, fit_basis, fit_quantizer, nearest_clusters, probe_lists)
+from ._index_state import export_state, import_state
 from ._threads import effective_n_threads, numba_threads
 from ._validation import check_data, check_feature_count
 
 __all__ = ["ClusterIndex"]
 
-#: Version of the state written by :meth:`ClusterIndex._export_state`.
-_STATE_VERSION = 1
+#: ``nprobe="auto"``: held-out rows used for the calibration (at most, and at least to calibrate at all).
+MAX_HELD_OUT = 2000
+MIN_HELD_OUT = 200
 
 
 class ClusterIndex(BaseEstimator):
-    """Inverted-file nearest-neighbour index on the clusters of a qkm model.
+    """Inverted-file nearest-neighbour index over the training rows of a qkm model.
 
-    ``fit`` assigns every training row to its nearest centroid and stores the
-    rows list by list (with their labels ``y`` if given). ``query`` ranks the
-    centroids for each query through the model's centroid operator
-    (``operator.sq_distances``: a QK-means factor chain costs its nnz), then
-    searches exactly inside the ``nprobe`` nearest lists with BLAS / sparse
-    products, so ``nprobe = K`` is exact brute force.
+    ``fit`` partitions the rows into lists, stores them list by list with
+    their coordinates on the data's first principal axes, and (with
+    ``nprobe="auto"``) picks how many lists a query searches. ``query``
+    ranks the lists for each query, bounds the distance of every row of the
+    ``nprobe`` nearest lists from its coordinates and computes the exact
+    distance of every row the bounds leave in play, all in one compiled
+    kernel, so ``nprobe = n_lists_`` is exact brute force.
 
     Parameters
     ----------
@@ -44,22 +55,52 @@ class ClusterIndex(BaseEstimator):
         :class:`qkm.LowRankKMeans`) or ``operator`` (a model read by
         ``qkm.export.load_model``), or an operator itself. It is not refitted;
         an unfitted qkm estimator (for instance after
-        :func:`sklearn.base.clone`) is cloned and fitted on ``X``.
-    nprobe : int, default=1
-        Lists searched per query, ``1 <= nprobe <= n_clusters``.
+        :func:`sklearn.base.clone`) is cloned and fitted on ``X``. Its
+        clusters are the lists with ``partition="model"`` and are
+        ``labels_`` in any case.
+    nprobe : "auto" or int, default="auto"
+        Lists searched per query. ``"auto"``: the smallest number whose
+        recall@1 on held-out fitted rows reaches ``target_recall`` with 90 %
+        confidence (``nprobe_``, see ``calibration_``).
+    partition : {"auto", "model"}, default="auto"
+        ``"auto"``: the index's own lists, a :class:`qkm.KMeans` of the rows'
+        first principal coordinates with ``n_lists`` lists. ``"model"``: the
+        model's clusters, ranked per query through its centroid operator.
+    n_lists : int or None, default=None
+        Lists of the own partition; None gives ``round(4 sqrt(n_samples))``.
+    target_recall : float, default=0.99
+        Recall@1 aimed at by ``nprobe="auto"``, in (0, 1].
+    store : {"float32", "int8"}, default="float32"
+        How the rows' principal coordinates (what the bounds scan) and the
+        lists' centroids are stored: float32, or int8 steps over each
+        coordinate's range (4x smaller: 192 instead of 768 bytes per row; the
+        bounds widen by half a step, the answers stay exact within the probed
+        lists). The rows themselves are kept as given in either case.
+    random_state : int, RandomState instance or None, default=None
+        Row sample of the principal axes, held-out rows, k-means seeding.
     n_jobs : int or None, default=None
-        numba threads for the operator.
+        numba threads (batches of queries run in parallel).
 
     Attributes
     ----------
     operator_ : qkm.operator.CentroidOperator
+        The model's centroid operator.
     n_features_in_ : int
     n_samples_fit_ : int
         Rows stored.
     labels_ : ndarray of shape (n_samples_fit_,), int64
-        List (cluster) of each training row.
-    list_sizes_ : ndarray of shape (n_clusters,), int64
+        The model's cluster of each training row.
+    n_lists_ : int
+    list_of_row_ : ndarray of shape (n_samples_fit_,), int64
+        List of each training row.
+    list_sizes_ : ndarray of shape (n_lists_,), int64
         Rows per list.
+    nprobe_ : int
+        Lists searched when ``query`` gets no ``nprobe``.
+    calibration_ : dict
+        How ``nprobe_`` was chosen: ``held_out`` rows, their ``recall`` at
+        ``nprobe_`` and its one-sided 90 % ``recall_lower_bound`` (empty for
+        an integer ``nprobe``).
     y_ : ndarray of shape (n_samples_fit_,) or None
         Training labels, for :meth:`predict`.
 
@@ -68,10 +109,13 @@ class ClusterIndex(BaseEstimator):
     Lists are ranked by the squared distance of the query to their centroid
     (ties: lowest index); empty lists are never probed. If the ``nprobe``
     nearest lists hold fewer than ``k`` rows in total, the next nearest lists
-    are probed too until they hold at least ``k``, so ``query`` always
-    returns ``k`` neighbours. Candidates are ranked with
-    ``||x||^2 - 2 x.y + ||y||^2``; the returned distances are recomputed
-    exactly in float64 and sorted by (distance, index).
+    are probed too until they hold at least ``k``. Results are exactly the
+    ``k`` nearest rows of the probed lists (distances in float64, sorted by
+    (distance, index)), the same for one query, a batch and any thread
+    count. Small indexes (fewer than 2,000 rows with ``nprobe="auto"``) are
+    searched exhaustively. Memory: the rows (in the dtype they were given),
+    plus ``HEAD_DIMS + 2 * BLOCK_DIMS`` = 192 float32 coordinates per row
+    (at most ``n_features``; int8 with ``store="int8"``) - see :meth:`describe`.
 
     Examples
     --------
@@ -80,18 +124,31 @@ class ClusterIndex(BaseEstimator):
     >>> rng = np.random.RandomState(0)
     >>> X = rng.normal(size=(300, 4))
     >>> y = (X[:, 0] > 0).astype(int)
-    >>> index = ClusterIndex(KMeans(n_clusters=8, random_state=0).fit(X), nprobe=8).fit(X, y)
+    >>> index = ClusterIndex(KMeans(n_clusters=8, random_state=0).fit(X), random_state=0).fit(X, y)
     >>> dist, ind = index.query(X[:3], k=2)
     >>> ind[:, 0].tolist(), dist[:, 0].tolist()   # every row is its own nearest neighbour
     ([0, 1, 2], [0.0, 0.0, 0.0])
     >>> bool(np.all(index.predict(X) == y))
     True
+    >>> index.describe()["nprobe"] == index.nprobe_ == index.n_lists_   # 300 rows: exhaustive
+    True
     """
 
-    def __init__(self, estimator, nprobe=1, *, n_jobs=None):
+    def __init__(self, estimator, nprobe="auto", *, partition="auto", n_lists=None, target_recall=0.99,
+                 store="float32", random_state=None, n_jobs=None):
         self.estimator = estimator
         self.nprobe = nprobe
+        self.partition = partition
+        self.n_lists = n_lists
+        self.target_recall = target_recall
+        self.store = store
+        self.random_state = random_state
         self.n_jobs = n_jobs
+
+    def __sklearn_tags__(self):
+        tags = super().__sklearn_tags__()
+        tags.input_tags.sparse = True  # CSR rows are indexed and searched as CSR
+        return tags
 
     # ------------------------------------------------------------------ #
     def _resolve_operator(self, X):
@@ -108,13 +165,26 @@ class ClusterIndex(BaseEstimator):
         )
 
     @staticmethod
-    def _check_nprobe(nprobe, n_clusters):
-        if not is_int(nprobe) or not 1 <= nprobe <= n_clusters:
-            raise ValueError(f"nprobe must be an integer in [1, n_clusters={n_clusters}]; got {nprobe!r}.")
+    def _check_nprobe(nprobe, n_lists):
+        if not is_int(nprobe) or not 1 <= nprobe <= n_lists:
+            raise ValueError(f"nprobe must be an integer in [1, n_lists_={n_lists}]; got {nprobe!r}.")
         return int(nprobe)
 
+    def _check_params(self):
+        if not (self.nprobe == "auto" if isinstance(self.nprobe, str) else is_int(self.nprobe) and self.nprobe >= 1):
+            raise ValueError(f"nprobe must be 'auto' or an integer >= 1; got {self.nprobe!r}.")
+        if self.partition not in ("auto", "model"):
+            raise ValueError(f"partition must be 'auto' or 'model'; got {self.partition!r}.")
+        if self.store not in ("float32", "int8"):
+            raise ValueError(f"store must be 'float32' or 'int8'; got {self.store!r}.")
+        if self.n_lists is not None and not (is_int(self.n_lists) and self.n_lists >= 1):
+            raise ValueError(f"n_lists must be None or an integer >= 1; got {self.n_lists!r}.")
+        t = self.target_recall
+        if not isinstance(t, numbers.Real) or isinstance(t, bool) or not 0.0 < t <= 1.0:
+            raise ValueError(f"target_recall must be a float in (0, 1]; got {t!r}.")
+
     def fit(self, X, y=None):
-        """Store the rows of ``X`` in the list of their nearest centroid.
+        """Partition the rows of ``X`` into lists, store them, and calibrate ``nprobe="auto"``.
 
         Parameters
         ----------
@@ -127,63 +197,91 @@ class ClusterIndex(BaseEstimator):
         -------
         self : ClusterIndex
         """
-        effective_n_threads(self.n_jobs)
+        self._check_params()
+        n_threads = effective_n_threads(self.n_jobs)
         X = check_data(X)
-        with numba_threads(effective_n_threads(self.n_jobs)):
+        with numba_threads(n_threads):
             operator = self._resolve_operator(X)
-            self._check_nprobe(self.nprobe, operator.n_clusters)
             check_feature_count(X, operator.n_features, estimator="the model's centroid operator")
             if y is not None:
                 y = np.asarray(y)
                 if y.ndim != 1 or y.shape[0] != X.shape[0]:
                     raise ValueError(f"y must be 1-D with one label per row of X ({X.shape[0]}); got shape {y.shape}.")
             labels = nearest_clusters(operator, X)
-        K = operator.n_clusters
-        row_ids = np.argsort(labels, kind="stable").astype(np.int64)
-        sizes = np.bincount(labels, minlength=K).astype(np.int64)
-        offsets = np.zeros(K + 1, dtype=np.int64)
-        np.cumsum(sizes, out=offsets[1:])
-        store = X[row_ids]
-        if sp.issparse(store):
-            store = sp.csr_matrix(store)
-            store.sort_indices()
+        n = X.shape[0]
+        rng = check_random_state(self.random_state)
+        n_held = min(MAX_HELD_OUT, n // 10) if self.nprobe == "auto" else 0
+        n_held = n_held if n_held >= MIN_HELD_OUT else 0
+        held = np.sort(rng.permutation(n)[:n_held])
+        train = np.setdiff1d(np.arange(n), held, assume_unique=True) if n_held else slice(None)
+        X_train = X[train]
+        mean, basis = fit_basis(X_train, HEAD_DIMS + TAIL_BLOCKS * BLOCK_DIMS, rng)
+        if self.partition == "model":
+            lists, n_lists, centers = labels, operator.n_clusters, None
         else:
-            store = np.ascontiguousarray(store)
-        self._set_fitted(operator, store, offsets, row_ids, y)
+            h = min(HEAD_DIMS, basis.shape[1])
+            n_train = X_train.shape[0]
+            n_lists = min(self.n_lists or max(1, int(round(4 * np.sqrt(n)))), n_train)
+            centers = fit_quantizer(coordinates(X_train, mean, basis, 0, h), n_lists, rng, self.n_jobs)
+            n_lists = centers.shape[0]
+            from .operator import DenseOperator
+
+            head = np.ascontiguousarray(coordinates(X, mean, basis, 0, h), dtype=np.float32)
+            with numba_threads(n_threads):
+                lists = DenseOperator(centers).assign(head)[0].astype(np.int64)
+        self._set_fitted(operator, X, lists, n_lists, mean, basis, centers, labels, y)
+        if self.nprobe != "auto":
+            self.nprobe_ = self._check_nprobe(self.nprobe, self.n_lists_)
+            self.calibration_ = {}
+        elif n_held:
+            X_held = X[held]
+            given = cluster_sq_distances(operator, X_held) if self.partition == "model" else None
+            self.nprobe_, self.calibration_ = calibrate_nprobe(self._lists, X_held, held, given, self.target_recall,
+                                                               n_threads)
+        else:
+            self.nprobe_ = int((self.list_sizes_ > 0).sum())
+            self.calibration_ = {"held_out": 0, "recall": 1.0, "recall_lower_bound": None}
+        if self.calibration_:
+            self.calibration_["target_recall"] = float(self.target_recall)
         return self
 
-    def _set_fitted(self, operator, store, offsets, row_ids, y):
-        n = store.shape[0]
-        sizes = np.diff(offsets)
+    def _set_fitted(self, operator, X, lists, n_lists, mean, basis, centers, labels, y):
+        self._lists = InvertedLists(X, lists, n_lists, mean, basis, centers, self.store)
         self.operator_ = operator
-        self.n_features_in_ = int(store.shape[1])
-        self.n_samples_fit_ = int(n)
-        self.list_sizes_ = sizes
-        labels = np.empty(n, dtype=np.int64)
-        labels[row_ids] = np.repeat(np.arange(sizes.size), sizes)
-        self.labels_ = labels
+        self.n_features_in_ = int(X.shape[1])
+        self.n_samples_fit_ = int(X.shape[0])
+        self.n_lists_ = int(n_lists)
+        self.list_of_row_ = np.asarray(lists, dtype=np.int64)
+        self.list_sizes_ = self._lists.sizes
+        self.labels_ = np.asarray(labels, dtype=np.int64)
         self.y_ = y
-        self._fit_X = store
-        self._fit_sq = stored_row_sq_norms(store)
-        self._offsets = offsets
-        self._row_ids = row_ids
 
     # ------------------------------------------------------------------ #
     def _check_query(self, X, k, nprobe):
-        check_is_fitted(self, "operator_")
+        if not hasattr(self, "_lists"):
+            check_is_fitted(self, "operator_")
         if not is_int(k) or k < 1:
             raise ValueError(f"k must be an integer >= 1; got {k!r}.")
         if k > self.n_samples_fit_:
             raise ValueError(f"k={k} is larger than the number of indexed rows ({self.n_samples_fit_}).")
-        nprobe = self._check_nprobe(self.nprobe if nprobe is None else nprobe, self.operator_.n_clusters)
-        X = check_data(X, dtype=self._fit_X.dtype)
+        nprobe = self.nprobe_ if nprobe is None else self._check_nprobe(nprobe, self.n_lists_)
+        if type(X) is np.ndarray and X.ndim == 2 and X.dtype.kind == "f" and X.dtype.itemsize in (4, 8) \
+                and X.shape[0] >= 1 and X.shape[1] == self.n_features_in_ and self._lists.centers is not None:
+            return X, int(k), nprobe  # the kernels flag rows that are not finite (then validated in full)
+        X = check_data(X)
         check_feature_count(X, self.n_features_in_, estimator=type(self).__name__)
         return X, int(k), nprobe
 
+    def _given(self, X):
+        """The queries' distances to the lists when the lists are the model's clusters, else None."""
+        return cluster_sq_distances(self.operator_, X) if self._lists.centers is None else None
+
     def _probe(self, X, k, nprobe):
-        """Lists probed for every row of validated ``X``: (n, p_max) int64, -1 padded."""
-        with numba_threads(effective_n_threads(self.n_jobs)):
-            sq = cluster_sq_distances(self.operator_, X)
+        """Lists probed for every row of validated ``X``: (n, p_max) int64, -1 padded (diagnostics)."""
+        n_threads = effective_n_threads(self.n_jobs)
+        with numba_threads(n_threads):
+            given = self._given(X)
+            sq = given if given is not None else self._lists.list_distances(X, n_threads)
         return probe_lists(sq, self.list_sizes_, nprobe, k)
 
     def query(self, X, k=1, nprobe=None):
@@ -195,7 +293,7 @@ class ClusterIndex(BaseEstimator):
         k : int, default=1
             Neighbours per query, at most ``n_samples_fit_``.
         nprobe : int or None, default=None
-            Lists searched per query; None uses ``self.nprobe``.
+            Lists searched per query, in ``[1, n_lists_]``; None uses ``nprobe_``.
 
         Returns
         -------
@@ -204,11 +302,21 @@ class ClusterIndex(BaseEstimator):
         indices : ndarray of shape (n_queries, k), int64
             Rows of the ``X`` given to :meth:`fit`.
         """
+        lists = self.__dict__.get("_lists")
+        if (type(X) is np.ndarray and type(k) is int and lists is not None and lists.centers is not None
+                and not lists.sparse and X.ndim == 2 and X.shape[0] == 1 and X.shape[1] == self.n_features_in_
+                and X.dtype.kind == "f" and X.dtype.itemsize in (4, 8) and X.flags.c_contiguous
+                and 1 <= k <= self.n_samples_fit_ and (nprobe is None or type(nprobe) is int and
+                                                       1 <= nprobe <= self.n_lists_)):
+            return lists.search_row(X, k, self.nprobe_ if nprobe is None else nprobe)  # one row: no overhead
         X, k, nprobe = self._check_query(X, k, nprobe)
-        probe = self._probe(X, k, nprobe)
-        xq_sq = stored_row_sq_norms(X)
-        cand_sq, cand_pos = search_lists(X, xq_sq, probe, self._fit_X, self._fit_sq, self._offsets, k)
-        return select_neighbors(X, xq_sq, cand_sq, cand_pos, self._fit_X, self._fit_sq, self._row_ids, k)
+        n_threads = effective_n_threads(self.n_jobs) if X.shape[0] > 1 else 1
+        if self._lists.centers is None:
+            with numba_threads(n_threads):
+                given = self._given(X)
+        else:
+            given = None
+        return self._lists.search(X, k, nprobe, given, n_threads)
 
     def kneighbors(self, X, n_neighbors=1, return_distance=True):
         """scikit-learn style :meth:`query`: ``(distances, indices)`` or just ``indices``.
@@ -248,47 +356,35 @@ class ClusterIndex(BaseEstimator):
         """Accuracy of :meth:`predict` on ``(X, y)``."""
         return float(np.mean(self.predict(X) == np.asarray(y)))
 
-    # -- serialization (the operator is stored separately) --------------- #
-    def _export_state(self):
-        """``(arrays, metadata)`` of the fitted index, without the operator (see ``qkm.export``).
+    def describe(self):
+        """Summary as a JSON-ready dict: partition, lists, the ``nprobe`` used and how it was chosen, memory.
 
-        Arrays: ``fit_X`` (dense rows, list by list) or ``fit_X_indptr`` /
-        ``fit_X_indices`` / ``fit_X_data`` / ``fit_X_shape`` (CSR),
-        ``list_offsets``, ``row_ids`` and ``y`` (numeric or boolean labels)
-        or ``y_codes`` (string labels, with ``metadata["classes"]``).
+        Returns
+        -------
+        info : dict
         """
         check_is_fitted(self, "operator_")
-        store = self._fit_X
-        arrays = {"list_offsets": self._offsets.astype(np.int64), "row_ids": self._row_ids.astype(np.int64)}
-        sparse = sp.issparse(store)
-        if sparse:
-            arrays.update(fit_X_indptr=store.indptr.astype(np.int64), fit_X_indices=store.indices.astype(np.int32),
-                          fit_X_data=store.data, fit_X_shape=np.asarray(store.shape, dtype=np.int64))
-        else:
-            arrays["fit_X"] = store
-        metadata = {
-            "state_version": _STATE_VERSION,
-            "nprobe": int(self.nprobe),
-            "n_samples": int(self.n_samples_fit_),
-            "n_features": int(self.n_features_in_),
-            "n_clusters": int(self.operator_.n_clusters),
-            "sparse": bool(sparse),
-            "dtype": str(store.dtype),
-            "y": "none",
+        lists = self._lists
+        return {
+            "partition": "model" if lists.centers is None else "own",
+            "n_lists": self.n_lists_,
+            "nprobe": int(self.nprobe_),
+            "nprobe_param": self.nprobe if isinstance(self.nprobe, str) else int(self.nprobe),
+            "calibration": dict(self.calibration_),
+            "n_samples": self.n_samples_fit_,
+            "n_features": self.n_features_in_,
+            "sparse": bool(lists.sparse),
+            "rows_dtype": str(lists.dtype),
+            "store": lists.store,
+            "coordinates": {"head": lists.head_dims, "total": lists.n_coords, "block": lists.block},
+            "bytes": lists.nbytes(),
         }
-        y = self.y_
-        if y is not None:
-            if y.dtype.kind in "biuf":
-                arrays["y"] = y
-                metadata["y"] = "values"
-            elif y.dtype.kind in "USO" and all(isinstance(v, str) for v in y.tolist()):
-                classes, codes = np.unique(y.astype(str), return_inverse=True)
-                arrays["y_codes"] = codes.astype(np.int64)
-                metadata["y"] = "codes"
-                metadata["classes"] = [str(c) for c in classes]
-            else:
-                raise TypeError(f"labels of dtype {y.dtype} cannot be exported: use numbers or strings.")
-        return arrays, metadata
+
+    # -- serialization (the operator is stored separately) --------------- #
+    def _export_state(self):
+        """``(arrays, metadata)`` of the fitted index, without the operator (see :mod:`qkm._index_state`)."""
+        check_is_fitted(self, "operator_")
+        return export_state(self)
 
     @classmethod
     def _from_export_state(cls, operator, arrays, metadata):
@@ -302,73 +398,4 @@ class ClusterIndex(BaseEstimator):
         ValueError
             When the arrays or metadata are inconsistent with each other or with ``operator``.
         """
-        K, D = check_export_header("ClusterIndex", operator, metadata, _STATE_VERSION)
-
-        def get(name):
-            if name not in arrays:
-                raise ValueError(f"ClusterIndex state: array {name!r} is missing.")
-            return np.asarray(arrays[name])
-
-        def int_vector(name, length=None):
-            a = get(name)
-            if a.ndim != 1 or a.dtype.kind not in "iu" or (length is not None and a.shape[0] != length):
-                want = f" of length {length}" if length is not None else ""
-                raise ValueError(f"ClusterIndex state: {name!r} must be a 1-D integer array{want}; "
-                                 f"got {a.dtype} {a.shape}.")
-            return a.astype(np.int64)
-
-        if metadata.get("sparse", False):
-            shape = int_vector("fit_X_shape", 2)
-            indptr = int_vector("fit_X_indptr")
-            indices = int_vector("fit_X_indices")
-            data = get("fit_X_data")
-            n_rows = int(shape[0])
-            if n_rows < 1 or shape[1] != D or indptr.shape[0] != n_rows + 1 or data.ndim != 1:
-                raise ValueError(f"ClusterIndex state: CSR shape {tuple(shape)} / indptr {indptr.shape} do not "
-                                 f"match {D} features.")
-            if indptr[0] != 0 or np.any(np.diff(indptr) < 0) or indptr[-1] != indices.shape[0] or \
-                    indices.shape[0] != data.shape[0]:
-                raise ValueError("ClusterIndex state: malformed CSR arrays (indptr / indices / data).")
-            if indices.size and (indices.min() < 0 or indices.max() >= D):
-                raise ValueError(f"ClusterIndex state: CSR column indices outside [0, {D}).")
-            if data.dtype.kind != "f":
-                raise ValueError(f"ClusterIndex state: CSR data must be float; got {data.dtype}.")
-            store = sp.csr_matrix((data, indices.astype(np.int32), indptr), shape=(n_rows, D))
-        else:
-            store = get("fit_X")
-            if store.ndim != 2 or store.dtype.kind != "f" or store.shape[0] < 1 or store.shape[1] != D:
-                raise ValueError(f"ClusterIndex state: 'fit_X' must be a non-empty float (n, {D}) array; "
-                                 f"got {store.dtype} {store.shape}.")
-        store = check_data(store, dtype=store.dtype, what="ClusterIndex state: indexed rows")
-        n = store.shape[0]
-        if metadata.get("n_samples", n) != n:
-            raise ValueError(f"ClusterIndex state: n_samples={metadata.get('n_samples')!r} but {n} rows are stored.")
-        offsets = int_vector("list_offsets", K + 1)
-        if offsets[0] != 0 or offsets[-1] != n or np.any(np.diff(offsets) < 0):
-            raise ValueError(f"ClusterIndex state: 'list_offsets' must rise from 0 to {n} in {K + 1} steps.")
-        row_ids = int_vector("row_ids", n)
-        if np.any(row_ids < 0) or np.any(row_ids >= n) or np.any(np.bincount(row_ids, minlength=n) != 1):
-            raise ValueError(f"ClusterIndex state: 'row_ids' must be a permutation of 0..{n - 1}.")
-        kind = metadata.get("y", "none")
-        if kind == "none":
-            y = None
-        elif kind == "values":
-            y = get("y")
-            if y.ndim != 1 or y.shape[0] != n or y.dtype.kind not in "biuf":
-                raise ValueError(f"ClusterIndex state: 'y' must be a 1-D numeric array of length {n}.")
-        elif kind == "codes":
-            classes = metadata.get("classes")
-            codes = int_vector("y_codes", n)
-            if not isinstance(classes, list) or not all(isinstance(c, str) for c in classes) or not classes:
-                raise ValueError("ClusterIndex state: string labels need metadata 'classes' (a list of str).")
-            if codes.min() < 0 or codes.max() >= len(classes):
-                raise ValueError(f"ClusterIndex state: 'y_codes' outside [0, {len(classes)}).")
-            y = np.asarray(classes)[codes]
-        else:
-            raise ValueError(f"ClusterIndex state: unknown label kind {kind!r}.")
-        nprobe = metadata.get("nprobe", 1)
-        if not isinstance(nprobe, numbers.Integral) or isinstance(nprobe, bool) or not 1 <= nprobe <= K:
-            raise ValueError(f"ClusterIndex state: nprobe={nprobe!r} outside [1, {K}].")
-        obj = cls(None, nprobe=int(nprobe))
-        obj._set_fitted(operator, store, offsets, row_ids, y)
-        return obj
+        return import_state(cls, operator, arrays, metadata)

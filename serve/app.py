@@ -157,12 +157,12 @@ def _add_routes(app, service):
                                                                     "X-Shape: B,k and X-Fields."),
                          404: {"model": docs.ErrorBody, "description": "The model has no search index."}})
     async def search(request: Request):
-        """Approximate k-NN among the indexed training rows: each query scans the members of its ``nprobe``
-        nearest clusters. Returns row numbers, Euclidean distances and, if the index holds them, labels.
-        ``k`` and ``nprobe`` come from the query string or the JSON body."""
+        """Approximate k-NN among the indexed training rows: each query searches the rows of its ``nprobe``
+        nearest lists (default: the index's calibrated ``nprobe``). Returns row numbers, Euclidean distances
+        and, if the index holds them, labels. ``k`` and ``nprobe`` come from the query string or the JSON body."""
         if not service.backend.has_index:
             raise RequestError(404, "this model has no search index; train it with 'qkm train --with-index'.")
-        return await service.answer(request, "/search", service.search_answer)
+        return await service.answer(request, "/search", service.search_answer, inline_ok=True)
 
     @app.post("/features", tags=["inference"], summary="Nyström RBF features of each row",
               openapi_extra=docs.rows_request_body(n_features),

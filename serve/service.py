@@ -7,8 +7,9 @@ number of in-flight slots (503 beyond it), reads the body with a size limit
 (413), then runs decode, validation, computation and encoding in the inference
 thread pool, so the event loop only moves bytes. Assignment bodies of a few
 rows (``inline_body_bytes``) are answered on the event loop, where their
-microseconds of GIL-holding work cost less than the hand-off to a thread;
-search and features (whose cost grows with k, nprobe and K) always go to the pool.
+microseconds of GIL-holding work cost less than the hand-off to a thread; so
+are search bodies of that size (one compiled kernel call of about 100 us per
+row at the index's default ``nprobe``); features always go to the pool.
 
 The limit holds for inline answers too: an admitted request yields to the event
 loop once before any work, so every request already received is admitted or
@@ -122,7 +123,7 @@ class Service:
                                     "string and in the body; give each once.")
         k = int_param(body.get("k", query.get("k")), "k", low=1, high=MAX_K, default=1, text="k" in query)
         nprobe = int_param(body.get("nprobe", query.get("nprobe")), "nprobe", low=1,
-                           high=int(self.model.n_clusters), text="nprobe" in query)
+                           high=int(self.model.index.n_lists_), text="nprobe" in query)
         distances, indices, labels = _client_errors(self.backend.search, X, k, nprobe)
         fields = [("indices", indices), ("distances", distances)]
         if labels is not None:

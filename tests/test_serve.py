@@ -204,6 +204,19 @@ def test_search_json_matches_index(client, model, rows):
     assert np.mean(np.array(out["labels"])[:, 0] == y[:8]) >= 0.5
 
 
+def test_search_one_row_matches_index(client, model, rows):
+    X, _ = rows  # one row per request: answered on the event loop, no thread hand-off
+    for i in range(3):
+        for body in ({"instances": X[i:i + 1].tolist()}, {"instances": X[i:i + 1].tolist(), "k": 4}):
+            out = client.post("/search", json=body).json()
+            distances, indices = model.search(X[i:i + 1], k=body.get("k", 1))
+            np.testing.assert_array_equal(out["indices"], indices)
+            np.testing.assert_allclose(out["distances"], distances, rtol=1e-6)
+    n_lists = model.index.n_lists_
+    assert client.post(f"/search?nprobe={n_lists}", json={"instances": X[:1].tolist()}).status_code == 200
+    assert client.post(f"/search?nprobe={n_lists + 1}", json={"instances": X[:1].tolist()}).status_code == 400
+
+
 def test_search_parameters_from_query_string_and_binary(client, model, rows):
     X, _ = rows
     r = client.post("/search?k=2", content=X[:4].astype("<f4").tobytes(), headers={**OCTET, "X-Shape": "4,784"})

@@ -26,7 +26,7 @@ OCTET = "application/octet-stream"
 @pytest.fixture(scope="module")
 def model(blobs):
     km = qkm.QKMeans(4, sparsity_level=2, n_factors=2, max_iter=5, random_state=0).fit(blobs[0])
-    index = qkm.ClusterIndex(km).fit(blobs[0], blobs[1])
+    index = qkm.ClusterIndex(km, partition="model").fit(blobs[0], blobs[1])  # nprobe in [1, K]
     return Model.from_estimator(km, index=index)
 
 
