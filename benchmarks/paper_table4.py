@@ -122,6 +122,7 @@ def main():
 
     sys.path.insert(0, str(REPO))
     import qkm
+    from qkm._base import operator_of
     from qkm._qkmeans import default_n_factors
 
     try:
@@ -294,7 +295,7 @@ def main():
                         ("qkmeans", levels[0], qkm.QKMeans(K, sparsity_level=levels[0], n_factors=Q_f, init=init_e,
                                                            n_jobs=args.threads).fit(X))]
                 for method, s, est in ests:
-                    op = qkm.nystroem._operator_of(est)
+                    op = operator_of(est)
                     index = qkm.ClusterIndex(est, nprobe=1, partition="model", n_jobs=args.threads).fit(X, y)
                     accs = {p: float(np.mean(y[index.query(Xt, 1, p)[1][:, 0]] == yt)) for p in (1, 2) if p <= K}
                     summary = evaluate(est, op, index, method, 0.0)

@@ -50,7 +50,7 @@ def operator_arrays(operator):
 
     Returns ``("kmeans", {"cluster_centers": V})`` for a dense operator and
     ``("factor-chain", {"factor{i}_indptr": ..., ...})`` for a factor chain
-    (CSR parts with int64 indices).
+    (CSR parts with int64 indices, and ``"mean"`` when the chain keeps one).
     """
     from qkm.operator import DenseOperator
 
@@ -63,6 +63,8 @@ def operator_arrays(operator):
         arrays[f"factor{i}_indices"] = csr.indices.astype(np.int64)
         arrays[f"factor{i}_data"] = csr.data
         arrays[f"factor{i}_shape"] = np.asarray(csr.shape, dtype=np.int64)
+    if operator.mean is not None:
+        arrays["mean"] = np.ascontiguousarray(operator.mean)
     return "factor-chain", arrays
 
 
@@ -184,6 +186,7 @@ class Model:
             nnz=int(operator.nnz),
             compression=float(operator.compression),
             flops=int(operator.flops),
+            centered=operator.mean is not None,
         )
         if hasattr(operator, "factors"):
             self.metadata["n_factors"] = len(operator.factors)

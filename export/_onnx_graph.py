@@ -1,6 +1,7 @@
 """ONNX graphs of a centroid operator: the three encodings behind :func:`qkm.export.to_onnx`.
 
-Every graph computes, for a float32 batch ``X`` of shape ``[N, D]``,
+Every graph computes, for a float32 batch ``X`` of shape ``[N, D]`` (minus the
+operator's ``mean`` first when it keeps one, ``V`` then being the chain alone),
 
     Z = c_sq - 2 X V^T            (shape [N, K]; ``||x||^2`` left out: it does not move the argmin)
     label    = ArgMin(Z, axis=1)                       (int64, first index on ties)
@@ -237,25 +238,25 @@ def hybrid_plan(factors):
 # --------------------------------------------------------------------------- #
 # The three encodings: each returns the name of Z ([N, K], c_sq - 2 X V^T)
 # --------------------------------------------------------------------------- #
-def _z_dense(b, operator, c_sq):
+def _z_dense(b, x, operator, c_sq):
     V = np.asarray(operator.to_dense(), dtype=np.float64)
     W = (-2.0 * V.T).astype(np.float32)
-    return b.node("Gemm", ["X", b.const(W, "minus2_Vt"), c_sq], "z")
+    return b.node("Gemm", [x, b.const(W, "minus2_Vt"), c_sq], "z")
 
 
-def _z_sparse(b, factors, c_sq):
+def _z_sparse(b, x, factors, c_sq):
     # -2 V^T = S_Q^T ... S_2^T (-2 S_1^T)
     mats = [_csr32(f.T) for f in reversed(factors[1:])] + [_csr32(factors[0].T, -2.0)]
     W = _folded_product(b, mats, "factor_t")
-    return b.node("Gemm", ["X", W, c_sq], "z")
+    return b.node("Gemm", [x, W, c_sq], "z")
 
 
-def _z_hybrid(b, factors, c_sq, plan):
+def _z_hybrid(b, x, factors, c_sq, plan):
     if plan["side"] == "tail":
         # Y' = virtual rows of S_Q applied to X^T ([A', N]); Z = Y'^T (merge^T S_{Q-1}^T ... S_1^T (-2)) + c_sq
         scale = -2.0 if len(factors) == 1 else 1.0
         idx, val, merge = split_rows(_csr32(factors[-1], scale), plan["slots"])
-        y = _ell(b, "X", idx, val, batch_axis=0)
+        y = _ell(b, x, idx, val, batch_axis=0)
         head = [_csr32(merge.T)] if merge is not None else []
         if len(factors) > 1:
             head += [_csr32(f.T) for f in reversed(factors[1:-1])] + [_csr32(factors[0].T, -2.0)]
@@ -265,7 +266,7 @@ def _z_hybrid(b, factors, c_sq, plan):
         return b.node("Gemm", [y, H, c_sq], "z", transA=1)
     # side "head": U^T = (S_2 ... S_Q) X^T ([A_1, N]); Z^T = (-2 S_1) U^T by the sparse stage
     rest = _folded_product(b, [_csr32(f) for f in factors[1:]], "tail")
-    ut = b.node("Gemm", [rest, "X"], "ut", transB=1)
+    ut = b.node("Gemm", [rest, x], "ut", transB=1)
     idx, val, _ = split_rows(_csr32(factors[0], -2.0), plan["slots"])
     zt = _ell(b, ut, idx, val, batch_axis=1)
     return b.node("Add", [b.node("Transpose", [zt], "zt_t", perm=[1, 0]), c_sq], "z")
@@ -322,24 +323,28 @@ def _ell(b, operand, idx, val, batch_axis):
 def build_graph(operator, encoding, *, scores=False, opset=DEFAULT_OPSET, plan=None):
     """A ModelProto (no metadata yet) of ``operator`` in ``encoding`` ("dense", "sparse", "hybrid")."""
     b = _Builder(opset)
+    x = "X"
+    if operator.mean is not None:  # a centred chain: distances of X - mean to the chain's rows
+        x = b.node("Sub", ["X", b.const(np.asarray(operator.mean, dtype=np.float32), "mean")], "x_centred")
+        operator = operator.without_mean()
     c_sq = b.const(np.asarray(operator.row_sq_norms(), dtype=np.float64).astype(np.float32), "c_sq")
     if encoding == "dense":
-        z = _z_dense(b, operator, c_sq)
+        z = _z_dense(b, x, operator, c_sq)
     elif encoding == "sparse":
-        z = _z_sparse(b, operator.factors, c_sq)
+        z = _z_sparse(b, x, operator.factors, c_sq)
     else:
-        z = _z_hybrid(b, operator.factors, c_sq, plan or hybrid_plan(operator.factors))
+        z = _z_hybrid(b, x, operator.factors, c_sq, plan or hybrid_plan(operator.factors))
     b.node("ArgMin", [z], outputs=["label"], axis=1, keepdims=0)
     K, D = int(operator.n_clusters), int(operator.n_features)
     outputs = [helper.make_tensor_value_info("label", TensorProto.INT64, ["batch"]),
                helper.make_tensor_value_info("distance", TensorProto.FLOAT, ["batch"])]
     if scores:
-        x2 = b.reduce("ReduceSumSquare", "X", [1], keepdims=1, prefix="x_sq")
+        x2 = b.reduce("ReduceSumSquare", x, [1], keepdims=1, prefix="x_sq")
         b.node("Relu", [b.node("Add", [z, x2], "sq_dist")], outputs=["scores"])
         b.reduce("ReduceMin", "scores", [1], keepdims=0, outputs=["distance"])
         outputs.append(helper.make_tensor_value_info("scores", TensorProto.FLOAT, ["batch", K]))
     else:
-        x2 = b.reduce("ReduceSumSquare", "X", [1], keepdims=0, prefix="x_sq")
+        x2 = b.reduce("ReduceSumSquare", x, [1], keepdims=0, prefix="x_sq")
         zmin = b.reduce("ReduceMin", z, [1], keepdims=0, prefix="z_min")
         b.node("Relu", [b.node("Add", [zmin, x2], "min_sq_dist")], outputs=["distance"])
     graph = helper.make_graph(

@@ -2,19 +2,21 @@
 
 Layout of a model file::
 
-    header.json        {"format": "qkm-model", "format_version": 3, "kind": "kmeans" | "factor-chain",
+    header.json        {"format": "qkm-model", "format_version": 4, "kind": "kmeans" | "factor-chain",
                         "checksum": "sha256:...",          # over the rest of this header (see below)
                         "arrays": {name: {"sha256": ..., "dtype": ..., "shape": ...}},
                         "metadata": {...},                 # K, D, nnz, algorithm, objective, ...
                         "parts": {"index": {...}, "nystroem": {...}}}   # optional
     arrays/<name>.npy  one entry per array, read with allow_pickle=False:
-                       cluster_centers, or factor{i}_indptr/indices/data/shape;
+                       cluster_centers, or factor{i}_indptr/indices/data/shape and an
+                       optional mean (centroids = mean + product of the factors);
                        sq_norms; index.<name> and nystroem.<name> for the parts
 
-The content checksum (version 3) is the SHA-256 of the header itself, without its
+The content checksum (versions 3 and 4) is the SHA-256 of the header itself, without its
 ``checksum`` field, as canonical JSON: it covers the metadata and the parts, and through
 the ``sha256`` of every array the arrays too. Versions 1 and 2 (checksum over the array
-hashes only, or none) still load.
+hashes only, or none) and 3 (no mean) still load; a mean in a file older than
+version 4 is refused.
 
 Loading checks the magic, the version, every checksum and every sparse index
 and says which one failed. Every way a file can be damaged (any byte of the zip,
@@ -40,7 +42,9 @@ from ._model import Model, content_checksum, operator_arrays
 __all__ = ["FORMAT_VERSION", "ModelFormatError", "LoadedModel", "save_model", "load_model", "header_checksum"]
 
 FORMAT_NAME = "qkm-model"
-FORMAT_VERSION = 3  # 2: squared norms, content checksum, optional index / nystroem parts; 3: checksum over the header
+# 2: squared norms, content checksum, optional index / nystroem parts; 3: checksum over the header;
+# 4: a factor chain's optional mean (arrays/mean.npy)
+FORMAT_VERSION = 4
 
 
 class ModelFormatError(ValueError):
@@ -48,7 +52,7 @@ class ModelFormatError(ValueError):
 
 
 def header_checksum(header):
-    """Content checksum of a version-3 header: SHA-256 of its canonical JSON without the ``checksum`` field.
+    """Content checksum of a version-3 or -4 header: SHA-256 of its canonical JSON without the ``checksum`` field.
 
     The header lists the SHA-256 of every array, so this one value covers the
     arrays, the metadata and the parts.
@@ -91,7 +95,7 @@ def _factors_from_arrays(arrays, n_factors, path):
 
 
 
-def _operator_from_arrays(kind, arrays, metadata, path):
+def _operator_from_arrays(kind, arrays, metadata, path, version):
     from qkm.operator import DenseOperator, FactorChainOperator
 
     if kind == "kmeans":
@@ -108,8 +112,13 @@ def _operator_from_arrays(kind, arrays, metadata, path):
         factors = _factors_from_arrays(arrays, n_factors, path)
         if any(f.dtype.kind != "f" or not np.all(np.isfinite(f.data)) for f in factors):
             raise ModelFormatError(f"{path}: factor values must be finite floats.")
+        mean = arrays.get("mean")
+        if mean is not None and version < 4:
+            raise ModelFormatError(f"{path}: a 'mean' array in a version-{version} file (means came with version 4).")
+        if mean is not None and (mean.ndim != 1 or mean.dtype.kind != "f" or not np.all(np.isfinite(mean))):
+            raise ModelFormatError(f"{path}: 'mean' is not a 1-D float array.")
         try:
-            return FactorChainOperator(factors, dtype=factors[0].dtype)
+            return FactorChainOperator(factors, dtype=factors[0].dtype, mean=mean)
         except ValueError as exc:
             raise ModelFormatError(f"{path}: the factors do not form a valid chain ({exc}).") from exc
     raise ModelFormatError(f"{path}: model kind {kind!r} is not supported by this qkm (version {__version__}).")
@@ -286,7 +295,7 @@ def _load(f, path):
     metadata = header.get("metadata")
     if not isinstance(metadata, dict):
         raise ModelFormatError(f"{path}: the header has no metadata object.")
-    operator = _operator_from_arrays(header.get("kind"), arrays, metadata, path)
+    operator = _operator_from_arrays(header.get("kind"), arrays, metadata, path, header["format_version"])
     if "sq_norms" in arrays:
         stored = arrays["sq_norms"]
         if stored.shape != (operator.n_clusters,) or not np.allclose(stored, operator.row_sq_norms(), rtol=1e-6, atol=0):

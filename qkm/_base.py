@@ -14,6 +14,7 @@ from sklearn.exceptions import ConvergenceWarning
 from sklearn.utils.validation import check_is_fitted
 
 from ._init import distinct_row_indices
+from ._operator_base import CentroidOperator
 from ._seeding import SEEDINGS, Seeding, Seeds, potential, run_seeding
 from ._threads import effective_n_threads, numba_threads
 from ._validation import check_data, check_feature_count, check_init_array, check_n_clusters
@@ -24,8 +25,6 @@ __all__ = ["OperatorClusterMixin", "resolve_n_clusters", "is_int", "check_nonneg
 
 def operator_of(obj):
     """The centroid operator of a fitted qkm estimator (``operator_``), a loaded model (``operator``) or an operator; else None."""
-    from .operator import CentroidOperator
-
     if isinstance(obj, CentroidOperator):
         return obj
     op = getattr(obj, "operator_", None)
@@ -39,8 +38,6 @@ def check_export_header(owner, operator, metadata, state_version):
 
     ``owner`` names the part in the messages ("ClusterIndex", "Nystroem").
     """
-    from .operator import CentroidOperator
-
     if not isinstance(operator, CentroidOperator):
         raise ValueError(f"operator must be a CentroidOperator; got {type(operator).__name__}.")
     if not isinstance(metadata, dict):

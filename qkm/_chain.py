@@ -6,7 +6,7 @@ one for each batch size is chosen by *measured wall time*:
 
 ``fused-sample`` / ``fused-block``
     numba kernels over the packed chain with the argmin fused into the last
-    factor (:mod:`qkm._chain_kernels`): per sample for tiny batches, in
+    factor (:mod:`qkm._chain_kernels`, :mod:`qkm._chain_block_kernels`): per sample for tiny batches, in
     blocks of 64 samples (parallel over blocks) for larger ones.
 ``scipy``
     CSR products applied right to left to ``X^T``.
@@ -40,94 +40,24 @@ import numba
 import numpy as np
 import scipy.sparse as sp
 
+from . import _chain_block_kernels as CB
 from . import _chain_kernels as CK
 from . import _config
-from .operator import CentroidOperator, DenseOperator
+from ._chain_calibration import PATHS, ChainCalibration, bucket_of, measure
+from ._chain_layout import check_factors, check_mean, fold, pack
+from ._operator_base import CentroidOperator, DenseOperator
 
-__all__ = ["ChainCalibration", "FactorChainOperator", "random_chain"]
-
-#: Every execution path; "fused" (forcing only) means the fused kernel picked by batch size.
-PATHS = ("fused-sample", "fused-block", "scipy", "dense")
+__all__ = ["FactorChainOperator"]
 
 #: Samples per block of the blocked kernel.
 BLOCK_WIDTH = 64
 
-#: Columns of V per work unit when folding the chain.
-FOLD_WIDTH = 64
 
 #: Parallel blocked kernel: work units per thread (each allocates its buffers once).
 CHUNKS_PER_THREAD = 2
 
 #: Forcing "fused": batches of at most this many rows use the per-sample kernel.
 SAMPLE_KERNEL_MAX_ROWS = 4
-
-#: Batch-size buckets: (name, largest batch size, rows timed, candidate paths).
-BUCKETS = (
-    ("1", 1, 1, PATHS),
-    ("2-16", 16, 16, PATHS),
-    ("17-256", 256, 256, ("fused-block", "scipy", "dense")),
-    (">256", None, 512, ("fused-block", "scipy", "dense")),
-)
-
-
-def _bucket(n_samples):
-    for bucket in BUCKETS:
-        if bucket[1] is None or n_samples <= bucket[1]:
-            return bucket
-    raise AssertionError  # pragma: no cover
-
-
-class ChainCalibration:
-    """Measured speed of the execution paths, shareable between operators.
-
-    Entries are keyed by ``"<dense|csr>/<bucket>"`` (not by thread count, so
-    the path, hence every result, is the same for any number of threads;
-    ``threads`` records the count the timing ran with). An operator
-    built with ``calibration=old.calibration`` (or ``calibration=old``)
-    reuses the choices of ``old`` when its chain has the same shape, dtype
-    and number of factors and an nnz within ``nnz_tolerance`` (relative);
-    otherwise it starts a fresh calibration.
-
-    Parameters
-    ----------
-    nnz_tolerance : float, default=0.25
-    bit_identical : bool, default=False
-        Only consider the paths that agree bit for bit (the fused kernels and
-        scipy), never the BLAS-rounded dense path. The trainers use this so
-        that a fit is reproducible from ``random_state`` whatever the timings.
-
-    Attributes
-    ----------
-    signature : dict or None
-        ``n_clusters``, ``n_features``, ``dtype``, ``n_factors``, ``nnz`` of
-        the chain first measured.
-    entries : dict
-        key -> ``{"path", "seconds_per_row": {path: s}, "rows_timed", "threads", "timing_seconds"}``.
-    """
-
-    def __init__(self, nnz_tolerance=0.25, bit_identical=False):
-        self.nnz_tolerance = nnz_tolerance
-        self.bit_identical = bit_identical
-        self.signature = None
-        self.entries = {}
-
-    def accepts(self, signature):
-        """Whether measurements for ``self.signature`` hold for a chain with ``signature``."""
-        mine = self.signature
-        if mine is None:
-            return True
-        same = all(mine[k] == signature[k] for k in ("n_clusters", "n_features", "dtype", "n_factors"))
-        ratio = signature["nnz"] / max(mine["nnz"], 1)
-        return same and abs(ratio - 1.0) <= self.nnz_tolerance
-
-    def report(self):
-        """The entries as Markdown table lines."""
-        lines = ["| input / batch | chosen | " + " | ".join(f"{p} µs/row" for p in PATHS) + " |",
-                 "|---|---|" + "---|" * len(PATHS)]
-        for key, e in sorted(self.entries.items()):
-            cells = [f"{e['seconds_per_row'][p] * 1e6:.3g}" if p in e["seconds_per_row"] else "-" for p in PATHS]
-            lines.append(f"| {key} | {e['path']} | " + " | ".join(cells) + " |")
-        return "\n".join(lines)
 
 
 class FactorChainOperator(CentroidOperator):
@@ -146,6 +76,12 @@ class FactorChainOperator(CentroidOperator):
         once, not every iteration.
     path : {"auto", "fused", "fused-sample", "fused-block", "scipy", "dense"}, default="auto"
         Execution path; "auto" measures (see :meth:`force_path`).
+    mean : array-like of shape (n_features,), default=None
+        A vector ``mu`` added to every centroid: ``V = mu + S_1 ... S_Q``
+        (a model fitted on centred data keeps the data mean here). The chain
+        paths use ``argmin_k (||w_k||^2 + 2 mu.w_k - 2 x.w_k)`` (no ``x.mu`` for
+        the labels; sparse samples stay sparse) and add ``||mu||^2 - 2 x.mu``
+        for the distances.
 
     Attributes
     ----------
@@ -154,24 +90,33 @@ class FactorChainOperator(CentroidOperator):
     n_clusters, n_features : int
     dtype : numpy dtype
     c_sq : ndarray of shape (n_clusters,), float64
-        ``||v_k||^2`` from ``V`` folded in float64.
+        ``||v_k||^2`` from ``V`` folded in float64 (mean included).
+    mean : ndarray of shape (n_features,) of ``dtype``, or None
     calibration : ChainCalibration
     timings_ : dict
         What was measured and chosen (``calibration.entries``).
     """
 
-    def __init__(self, factors, dtype=None, calibration=None, path="auto"):
-        self.factors = _check_factors(factors, dtype)
+    def __init__(self, factors, dtype=None, calibration=None, path="auto", mean=None):
+        self.factors = check_factors(factors, dtype)
         self.dtype = self.factors[0].dtype
         self.n_clusters = self.factors[0].shape[0]
         self.n_features = self.factors[-1].shape[1]
+        self.mean = check_mean(mean, self.n_features, self.dtype)
         self._nnz = int(sum(f.nnz for f in self.factors))
-        self._meta, self._ptr, self._idx, self._val = _pack(self.factors, self.dtype)
-        V64 = _fold(self._meta, self._ptr, self._idx, self._val, self.n_clusters, self.n_features)
-        self.c_sq = np.einsum("ij,ij->i", V64, V64)
+        self._meta, self._ptr, self._idx, self._val = pack(self.factors, self.dtype)
+        V64 = fold(self._meta, self._ptr, self._idx, self._val, self.n_clusters, self.n_features)
+        if self.mean is None:
+            chain_norms = self.c_sq = np.einsum("ij,ij->i", V64, V64)
+        else:                       # the chain holds W = V - mu: adjusted norms ||w||^2 + 2 mu.w
+            self._mu64 = self.mean.astype(np.float64)
+            self._mu_sq = float(self._mu64 @ self._mu64)
+            chain_norms = np.einsum("ij,ij->i", V64, V64) + 2.0 * (V64 @ self._mu64)
+            V64 += self._mu64
+            self.c_sq = np.einsum("ij,ij->i", V64, V64)
         self._V = V64 if self.dtype == np.float64 else np.ascontiguousarray(V64, dtype=self.dtype)
         del V64
-        self._chain = (self._meta, self._ptr, self._idx, self._val, self.c_sq)
+        self._chain = (self._meta, self._ptr, self._idx, self._val, chain_norms)
         self._small_paths = {}  # (n, sparse) -> path, for batches of at most 16 rows
         self._dense_op = None
         if isinstance(calibration, FactorChainOperator):
@@ -219,7 +164,10 @@ class FactorChainOperator(CentroidOperator):
             return np.zeros((0, self.n_clusters), dtype=self.dtype)
         if self._apply_path(n, sp.issparse(X), X) == "dense":
             return self._dense_apply(X)
-        return np.ascontiguousarray(self._scipy_dots(X).T)
+        out = np.ascontiguousarray(self._scipy_dots(X).T)
+        if self.mean is not None:
+            out += self._mean_dots(X)[:, None].astype(self.dtype)
+        return out
 
     def _dense_apply(self, X):
         out = X @ self._V.T
@@ -230,13 +178,13 @@ class FactorChainOperator(CentroidOperator):
             return self._forced
         if self._forced is not None or self.calibration.bit_identical:
             return "scipy"
-        name, _, n_timed, _ = _bucket(n)
+        name, _, n_timed, _ = bucket_of(n)
         key = "apply:" + self._key(name, sparse)
         entry = self.calibration.entries.get(key)
         if entry is None:
             X = X[:min(n, n_timed)]
             t0 = time.perf_counter()
-            seconds = _measure({"scipy": lambda: self._scipy_dots(X), "dense": lambda: self._dense_apply(X)})
+            seconds = measure({"scipy": lambda: self._scipy_dots(X), "dense": lambda: self._dense_apply(X)})
             m = X.shape[0]
             per_row = {c: t / m for c, t in seconds.items()}
             entry = {"path": min(per_row, key=per_row.get), "seconds_per_row": per_row, "rows_timed": int(m),
@@ -262,6 +210,8 @@ class FactorChainOperator(CentroidOperator):
                   and labels.flags.c_contiguous and partial_best.flags.c_contiguous)
         if path == "fused-sample" and direct and not sparse:  # the latency path: one jitted call
             CK.chain_sample_dense(X, *self._chain, labels, partial_best)
+            if self.mean is not None:
+                partial_best += self._mean_offsets(X)
             return
         lab, best = (labels, partial_best) if direct else (np.empty(n, dtype=np.int32), np.empty(n))
         self._run(path, X, lab, best)
@@ -299,7 +249,7 @@ class FactorChainOperator(CentroidOperator):
 
     def calibrate(self, n_samples, sparse=False, X=None):
         """Time the candidate paths for the bucket of ``n_samples`` (on ``X`` or synthetic rows)."""
-        name, _, n_timed, candidates = _bucket(n_samples)
+        name, _, n_timed, candidates = bucket_of(n_samples)
         if self.calibration.bit_identical:
             candidates = tuple(c for c in candidates if c != "dense")
         self._small_paths = {}
@@ -308,7 +258,7 @@ class FactorChainOperator(CentroidOperator):
         else:
             X = X[:min(X.shape[0], n_timed)]
         t0 = time.perf_counter()
-        seconds = _measure({c: self._runner(c, X) for c in candidates})
+        seconds = measure({c: self._runner(c, X) for c in candidates})
         m = X.shape[0]
         per_row = {c: s / m for c, s in seconds.items()}
         entry = {
@@ -341,7 +291,7 @@ class FactorChainOperator(CentroidOperator):
             if self._forced == "fused":
                 return "fused-sample" if n <= SAMPLE_KERNEL_MAX_ROWS else "fused-block"
             return self._forced
-        entry = self.calibration.entries.get(self._key(_bucket(n)[0], sparse))
+        entry = self.calibration.entries.get(self._key(bucket_of(n)[0], sparse))
         if entry is None:
             entry = self.calibrate(n, sparse, X)
         return entry["path"]
@@ -375,11 +325,37 @@ class FactorChainOperator(CentroidOperator):
         if path == "fused-sample" or path == "fused-block":
             self._run_fused(path == "fused-sample", X, labels, best)
         elif path == "scipy":
-            CK.argmin_cols(self._scipy_dots(X), self.c_sq, labels, best)
+            CK.argmin_cols(self._scipy_dots(X), self._chain[-1], labels, best)
         elif path == "dense":
-            self._run_dense(X, labels, best)
+            self._run_dense(X, labels, best)     # the folded V holds the mean
+            return
         else:
             raise ValueError(f"unknown path {path!r}")
+        if self.mean is not None:
+            best += self._mean_offsets(X)
+
+    def _mean_dots(self, X):
+        """``x.mu`` for every row of prepared ``X``, accumulated in float64."""
+        out = np.empty(X.shape[0])
+        if sp.issparse(X):
+            CK.row_dots_csr(X.data, X.indices, X.indptr, self._mu64, out)
+        else:
+            CK.row_dots_dense(X, self._mu64, out)
+        return out
+
+    def _mean_offsets(self, X):
+        """``||mu||^2 - 2 x.mu``: turns the chain's partials into ``||v_k||^2 - 2 x.v_k``."""
+        out = self._mean_dots(X)
+        out *= -2.0
+        out += self._mu_sq
+        return out
+
+    def without_mean(self):
+        """The chain alone (``V - mu``) as an operator sharing the factors and the timings."""
+        if self.mean is None:
+            return self
+        return FactorChainOperator(self.factors, dtype=self.dtype, calibration=self.calibration,
+                                   path=self._forced or "auto")
 
     def _run_fused(self, per_sample, X, labels, best):
         chain = self._chain
@@ -397,13 +373,13 @@ class FactorChainOperator(CentroidOperator):
         # block buffers once (about 1.5 MB at D = 4096: per-256-row buffers cost page
         # faults that two threads serialise on).
         threads = numba.get_num_threads()
-        chunk = max(CK._chunk_rows(width), -(-n // (CHUNKS_PER_THREAD * threads * width)) * width)
+        chunk = max(CB.chunk_rows(width), -(-n // (CHUNKS_PER_THREAD * threads * width)) * width)
         parallel = n > chunk and threads > 1
         if sparse:
-            kernel = CK.chain_block_csr_par if parallel else CK.chain_block_csr
+            kernel = CB.chain_block_csr_par if parallel else CB.chain_block_csr
             kernel(X.data, X.indices, X.indptr, width, chunk, *chain, labels, best)
         else:
-            kernel = CK.chain_block_dense_par if parallel else CK.chain_block_dense
+            kernel = CB.chain_block_dense_par if parallel else CB.chain_block_dense
             kernel(X, width, chunk, *chain, labels, best)
 
     def _run_dense(self, X, labels, best):
@@ -425,178 +401,3 @@ class FactorChainOperator(CentroidOperator):
         for f in reversed(self.factors[:-1]):
             Y = f @ Y
         return np.ascontiguousarray(Y, dtype=self.dtype)
-
-
-# --------------------------------------------------------------------------- #
-# Helpers
-# --------------------------------------------------------------------------- #
-def _check_factors(factors, dtype):
-    """Validated factors as CSR of the storage dtype (see FactorChainOperator)."""
-    if not isinstance(factors, (list, tuple)) or len(factors) == 0:
-        raise ValueError("factors must be a non-empty list [S_1, ..., S_Q] of 2-D matrices")
-    mats = [f if sp.issparse(f) else np.asarray(f) for f in factors]
-    for q, f in enumerate(mats):
-        if f.ndim != 2:
-            raise ValueError(f"factor {q} has {f.ndim} dimensions; every factor must be 2-D")
-        if f.dtype.kind not in "biuf":
-            raise ValueError(f"factor {q} has dtype {f.dtype}; expected real numbers")
-        if 0 in f.shape:
-            raise ValueError(f"factor {q} has an empty shape {f.shape}")
-    for q in range(len(mats) - 1):
-        if mats[q].shape[1] != mats[q + 1].shape[0]:
-            raise ValueError(f"factor shapes do not chain: factor {q} is {mats[q].shape}, "
-                             f"factor {q + 1} is {mats[q + 1].shape}")
-    if dtype is None:
-        dtype = np.float32 if all(f.dtype == np.float32 for f in mats) else np.float64
-    dtype = np.dtype(dtype)
-    if dtype not in (np.float32, np.float64):
-        raise ValueError(f"dtype must be float32 or float64, got {dtype}")
-    out = []
-    for q, f in enumerate(mats):
-        values = f.data if sp.issparse(f) else f
-        if not np.all(np.isfinite(values)):
-            raise ValueError(f"factor {q} has non-finite values")
-        with np.errstate(over="ignore"):
-            csr = sp.csr_matrix(f, dtype=dtype, copy=True)
-        if not np.all(np.isfinite(csr.data)):
-            raise ValueError(f"factor {q} overflows {dtype.name}")
-        csr.sum_duplicates()
-        csr.eliminate_zeros()
-        csr.sort_indices()
-        out.append(csr)
-    return out
-
-
-def _fold(meta, ptr, idx, val, n_clusters, n_features):
-    """``S_1 ... S_Q`` as a dense float64 (K, D) array, from the packed chain."""
-    V = np.empty((n_clusters, n_features), dtype=np.float64)
-    CK.fold_chain(meta, ptr, idx, val.astype(np.float64), FOLD_WIDTH, V)
-    return V
-
-
-def _pack(factors, dtype):
-    """The chain in the layout of :mod:`qkm._chain_kernels` (``meta, ptr, idx, val``)."""
-    order = factors[::-1]  # order of application: S_Q first
-    first_csc = order[0].tocsc()
-    first_csc.sort_indices()
-    parts = [_lane_rows(f.indptr, f.indices, f.data) for f in order]
-    parts.append((first_csc.indptr, first_csc.indices, first_csc.data, -1))
-    meta = np.full((len(parts), 4), -1, dtype=np.int64)
-    ptrs, idxs, vals = [], [], []
-    ptr_off = nnz_off = 0
-    for q, (indptr, indices, data, w) in enumerate(parts):
-        if q < len(order):
-            meta[q] = (order[q].shape[0], order[q].shape[1], ptr_off, w)
-        else:
-            meta[q] = (order[0].shape[1], order[0].shape[0], ptr_off, -1)
-        ptrs.append(indptr.astype(np.uint64) + np.uint64(nnz_off))
-        idxs.append(indices.astype(np.uint32))
-        vals.append(data.astype(dtype))
-        ptr_off += indptr.shape[0]
-        nnz_off += indices.shape[0]
-    return meta, np.concatenate(ptrs), np.concatenate(idxs), np.concatenate(vals)
-
-
-def _lane_rows(indptr, indices, data, max_padding=0.25):
-    """CSR rows plus the row-shape code ``w`` of :mod:`qkm._chain_kernels`.
-
-    Rows of one uniform count 3 or 5 are kept (``w`` = 3 or 5). Otherwise,
-    if that adds at most ``max_padding`` more entries, every row is padded
-    with zeros (on its last column) to a nonzero multiple of 3 (``w`` = -3):
-    the blocked kernel then runs one branch-free 3-term loop per group, about
-    2x faster than handling remainders. Adding ``0 * x`` leaves every sum
-    bit-identical. Else the rows are kept as they are (``w`` = -1).
-    """
-    counts = np.diff(indptr)
-    if counts.size and np.all(counts == counts[0]) and counts[0] in (3, 5):
-        return indptr, indices, data, int(counts[0])
-    padded = np.maximum(3, -(-counts // 3) * 3)
-    if padded.sum() > (1.0 + max_padding) * max(counts.sum(), 1):
-        return indptr, indices, data, -1
-    new_ptr = np.zeros(counts.size + 1, dtype=np.int64)
-    np.cumsum(padded, out=new_ptr[1:])
-    row_of = np.repeat(np.arange(counts.size), padded)
-    pos = np.arange(new_ptr[-1]) - new_ptr[row_of]
-    real = pos < counts[row_of]
-    src = indptr[row_of] + np.minimum(pos, np.maximum(counts[row_of] - 1, 0))
-    src = np.minimum(src, max(indices.size - 1, 0))
-    new_idx = indices[src] if indices.size else np.zeros(src.size, dtype=np.int32)
-    new_val = np.where(real, data[src] if data.size else 0, 0).astype(data.dtype)
-    new_idx = np.where(real | (counts[row_of] > 0), new_idx, 0)
-    return new_ptr, new_idx, new_val, -3
-
-
-def _measure(runners, rounds=3, min_seconds=1e-3, max_reps=50, drop_factor=5.0):
-    """Best-of-``rounds`` seconds per call of each runner, the rounds interleaved.
-
-    Each runner is called twice untimed-for-choice first (the first call may
-    compile), then calls are repeated so each measurement lasts at least
-    ``min_seconds``. Runners more than ``drop_factor`` times slower than the
-    fastest on the warm-up call are not timed further (their warm-up time is kept).
-    """
-    est = {}
-    for name, run in runners.items():
-        run()
-        t0 = time.perf_counter()
-        run()
-        est[name] = max(time.perf_counter() - t0, 1e-9)
-    fastest = min(est.values())
-    best = {name: t for name, t in est.items()}
-    live = [name for name, t in est.items() if t <= drop_factor * fastest]
-    reps = {name: int(min(max_reps, max(1, np.ceil(min_seconds / est[name])))) for name in live}
-    for _ in range(rounds):
-        for name in live:
-            run = runners[name]
-            t0 = time.perf_counter()
-            for _ in range(reps[name]):
-                run()
-            best[name] = min(best[name], (time.perf_counter() - t0) / reps[name])
-    return best
-
-
-def random_chain(n_clusters, n_features, s=3, n_factors=None, dtype=np.float32, seed=0):
-    """A random chain ``[S_1, ..., S_Q]`` with the QK-means supports (tests and benchmarks).
-
-    With ``A = min(K, D)``: square A x A factors have exactly ``s`` nonzeros per
-    row and per column (a permuted circulant); the rectangular factor
-    (``S_Q`` if K <= D, ``S_1`` otherwise) has ``s`` per line of its longer
-    side. ``n_factors`` defaults to ``ceil(log2(max(K, D)))``; values are
-    normal with variance ``1 / nonzeros per row``.
-    """
-    rng = np.random.default_rng(seed)
-    K, D = int(n_clusters), int(n_features)
-    A = min(K, D)
-    Q = n_factors if n_factors is not None else max(1, int(np.ceil(np.log2(max(K, D, 2)))))
-    s = min(s, A)
-
-    def square(n):
-        shifts = rng.choice(n, size=s, replace=False)
-        rows = np.repeat(np.arange(n), s)
-        cols = (rows + np.tile(shifts, n)) % n
-        return rows, cols, n, n
-
-    def rect(r, c):
-        if c >= r:
-            cols = np.repeat(np.arange(c), s)
-            rows = (cols * s + np.tile(np.arange(s), c)) % r
-        else:
-            rows = np.repeat(np.arange(r), s)
-            cols = (rows * s + np.tile(np.arange(s), r)) % c
-        return rows, cols, r, c
-
-    out = []
-    for q in range(Q):
-        if Q == 1:
-            rows, cols, r, c = rect(K, D)
-        elif K <= D:
-            rows, cols, r, c = rect(A, D) if q == Q - 1 else square(A)
-        else:
-            rows, cols, r, c = rect(K, A) if q == 0 else square(A)
-        rows = rng.permutation(r)[rows]
-        cols = rng.permutation(c)[cols]
-        per_row = max(1.0, len(rows) / r)
-        vals = rng.standard_normal(len(rows)) / np.sqrt(per_row)
-        M = sp.csr_matrix((vals, (rows, cols)), shape=(r, c))
-        M.sum_duplicates()
-        out.append(sp.csr_matrix(M, dtype=dtype))
-    return out

@@ -4,10 +4,12 @@
 norms and offers the three operations every algorithm is made of: assign rows
 to their nearest centroid (through a :class:`qkm.operator.CentroidOperator`),
 compute chosen (point, centroid) partials, and recompute the centroids from
-labels. With a :class:`~qkm.operator.DenseOperator`, dense data go through
-BLAS in row blocks and sparse data through one fused numba kernel per row
-chunk, against ``C^T`` kept dense or in CSR, whichever was measured faster.
-Any other operator (a sparse factor chain) computes its own partials.
+labels. The operator runs the assignment (its ``assign_rows``): with a
+:class:`~qkm.operator.DenseOperator`, dense data go through BLAS in row blocks
+and sparse data through one fused numba kernel per row chunk, against ``C^T``
+kept dense or in CSR, whichever was measured faster (:class:`StorageChooser`,
+one per data set); any other operator (a sparse factor chain) computes its own
+partials. This module imports no operator.
 """
 
 import copy
@@ -21,16 +23,6 @@ from . import _kernels as K_
 from . import _reduce
 from ._kernels import centroid_sq_norms
 from ._empty import relocate_empty_clusters
-from .operator import DenseOperator
-
-_EMPTY_LB = np.zeros((0, 0), dtype=np.float64)
-_NO_SPARSE_CT = (np.zeros(1, dtype=np.int64), np.zeros(0, dtype=np.int32))
-
-
-def _n_compiled():
-    """Compiled specialisations of the fused assignment kernel."""
-    return len(K_.assign_sparse.signatures)
-
 
 class StorageChooser:
     """Chooses the layout of C^T for sparse data by measured wall-clock time.
@@ -101,6 +93,11 @@ class KMeansData:
         self.storage_chooser = StorageChooser()
         self._ct_buffer = None
 
+    def column_mean(self):
+        """The mean row in float64, summed in the block-tree order of :mod:`qkm._reduce` (dense and CSR: same bits)."""
+        n_lev = _reduce.n_levels(self.n_samples, self.block_rows, self.row0)
+        return _reduce.column_sums_node(self.X, self.row0, self.block_rows, n_lev) / max(self.n_samples, 1)
+
     def for_run(self):
         """The same data for one of several concurrent runs: shared arrays and timings, own C^T buffer."""
         clone = copy.copy(self)
@@ -114,9 +111,10 @@ class KMeansData:
         Parameters
         ----------
         layouts : CentroidOperator
-            IN  the centroids. A :class:`~qkm.operator.DenseOperator` runs the
-            kernels below and records the layout of C^T it used in
-            ``layouts.storage``; any other operator computes its own partials.
+            IN  the centroids; its ``assign_rows`` runs the kernels (a
+            :class:`~qkm.operator.DenseOperator` records the layout of C^T it
+            used in ``layouts.storage``; any other operator computes its own
+            partials).
         labels : ndarray of shape (n_samples,), int32
             OUT written at ``rows``.
         partial_best : ndarray of shape (n_samples,), float64
@@ -126,61 +124,13 @@ class KMeansData:
             OUT lower bounds of every distance at ``rows`` (Elkan; dense operator only).
         """
         rows = self.all_rows if rows is None else rows
-        write_lb = lb is not None
-        if not isinstance(layouts, DenseOperator):
-            if write_lb:
-                raise ValueError("distance lower bounds need a DenseOperator")
-            self._assign_with_operator(layouts, rows, labels, partial_best)
-            return
-        lb = lb if write_lb else _EMPTY_LB
-        if self.sparse:
-            self._assign_sparse(layouts, rows, labels, partial_best, lb, write_lb)
-            return
-        layouts.storage = "dense"
-        block = _config.DENSE_BLOCK_ROWS
-        whole = rows is self.all_rows
-        CT = layouts.C.T
-        for start in range(0, rows.shape[0], block):
-            block_rows = rows[start:start + block]
-            Xb = self.X[start:start + block] if whole else self.X[block_rows]
-            K_.assign_dense_block(Xb @ CT, block_rows, self.x_sq, layouts.c_sq, self.err_rel,
-                                  labels, partial_best, lb, write_lb)
+        layouts.assign_rows(self, rows, labels, partial_best, lb)
 
-    def _assign_with_operator(self, operator, rows, labels, partial_best):
-        if rows is self.all_rows:
-            operator.partials(self.X, labels, partial_best)
-            return
-        sub_labels = np.empty(rows.shape[0], dtype=np.int32)
-        sub_partial = np.empty(rows.shape[0], dtype=np.float64)
-        operator.partials(self.X[rows], sub_labels, sub_partial)
-        labels[rows] = sub_labels
-        partial_best[rows] = sub_partial
-
-    def _assign_sparse(self, layouts, rows, labels, partial_best, lb, write_lb):
-        k = layouts.C.shape[0]
-        fraction = rows.shape[0] / max(self.n_samples, 1)
-        dense_work = self.nnz * k * fraction
-        sparse_work = float(self.doc_freq @ layouts.column_nnz()) * fraction
-        storage = self.storage_chooser.choose(dense_work, sparse_work)
-        if storage == "sparse":
-            ptr, idx, val = layouts.sparse_transpose()
-            CT = np.zeros((0, k), dtype=layouts.C.dtype)
-        else:
-            if self._ct_buffer is None or self._ct_buffer.shape != layouts.C.shape[::-1]:
-                self._ct_buffer = np.empty(layouts.C.shape[::-1], dtype=layouts.C.dtype)
-            CT = layouts.dense_transpose(self._ct_buffer)
-            ptr, idx, val = _NO_SPARSE_CT[0], _NO_SPARSE_CT[1], np.zeros(0, dtype=layouts.C.dtype)
-        X = self.X
-        compiled_before = _n_compiled()
-        t0 = time.perf_counter()  # the kernel only: building a layout is a one-off per centroid set
-        K_.assign_sparse(
-            X.data, X.indices, X.indptr, self.x_sq, rows, CT, ptr, idx, val, storage == "sparse",
-            layouts.c_sq, self.err_rel, labels, partial_best, lb, write_lb,
-        )
-        if _n_compiled() == compiled_before:  # a pass that compiled a kernel says nothing about speed
-            self.storage_chooser.record(storage, dense_work if storage == "dense" else sparse_work,
-                                        time.perf_counter() - t0)
-        layouts.storage = storage
+    def ct_buffer(self, shape, dtype):
+        """A reusable (D, K) buffer for a dense C^T (one per data set)."""
+        if self._ct_buffer is None or self._ct_buffer.shape != shape or self._ct_buffer.dtype != dtype:
+            self._ct_buffer = np.empty(shape, dtype=dtype)
+        return self._ct_buffer
 
     def pair_partials(self, layouts, pair_i, pair_j):
         """Partials ``||c_j||^2 - 2 x_i.c_j`` for the given pairs."""
@@ -258,7 +208,7 @@ class KMeansData:
         K_.sq_distances_from_partials(partial_best, rows, self.x_sq, out)
         return out
 
-    def update(self, labels, C, own_sq_distances, labels_old=None, counts=None):
+    def update(self, labels, C, own_sq_distances, labels_old=None, counts=None, repair=True):
         """Cluster means of the rows by label, with empty clusters repaired.
 
         Parameters
@@ -279,6 +229,9 @@ class KMeansData:
         counts : ndarray of shape (n_clusters,), int64, default=None
             OUT cluster sizes after any empty-cluster repair (moved points
             are counted in their new cluster), in cluster-id order.
+        repair : bool, default=True
+            Repair empty clusters; False leaves them empty (count 0, centre
+            unchanged).
 
         Returns
         -------
@@ -301,7 +254,7 @@ class KMeansData:
         self.cluster_sums(labels, k, store=(C_new, shift_sq), changed=changed)
         c_sq = centroid_sq_norms(C_new)
         relocated = 0
-        if has_empty:
+        if has_empty and repair:
             relocated = relocate_empty_clusters(self, labels, own_sq_distances(), counts_, C_new, shift_sq, c_sq, C)
         if counts is not None:
             counts[:] = counts_

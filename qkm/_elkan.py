@@ -20,7 +20,7 @@ import numpy as np
 
 from . import _config
 from . import _kernels as K_
-from .operator import DenseOperator
+from ._operator_base import DenseOperator
 from ._stopping import IterationLog, StoppingRule
 
 

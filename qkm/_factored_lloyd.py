@@ -9,13 +9,22 @@ a rank). For fixed labels the k-means objective splits exactly as
 
 so the refit minimises the k-means objective for the current labels. Both
 steps are recorded in the objective history; a refit that would raise the
-objective is discarded (best-iterate guard), so the history never increases
-(up to the rounding of the assignment in the operator's precision).
+objective is discarded (best-iterate guard), and an empty cluster is given a
+far point only when that lowers the objective (a structure fitted to a
+one-point cluster may not follow it), so the history never increases (up to
+the rounding of the assignment in the operator's precision).
 
 A *fitter* supplies the structure: ``initial(U, rng)`` gives a state,
-``refit(U, weights, state, max_iter)`` a new state and its weighted error
-``||W(U - V)||_F^2``, ``operator(state, dtype, previous)`` the
-:class:`~qkm.operator.CentroidOperator`, and ``dense(state)`` the float64 V.
+``refit(U, weights, state, max_iter)`` a new state, its weighted error
+``||W(U - V)||_F^2`` and that of the given state (the guard compares them:
+no dense ``V`` is formed here), ``operator(state, dtype, previous, mean)`` the
+:class:`~qkm.operator.CentroidOperator`, and ``describe(state)`` a dict for
+the log.
+
+Centring. With a ``mean`` ``mu`` the centroids are ``mu + V``: the fitter only
+ever sees centred means ``U - mu`` (the structure is spent on what the
+clusters do not share), the operator keeps ``mu`` beside the chain, and the
+data themselves are never centred (sparse data stay sparse).
 """
 
 import time
@@ -27,12 +36,7 @@ from ._stopping import IterationLog
 __all__ = ["factored_lloyd"]
 
 
-def _weighted_sq_error(U, V, weights):
-    diff = (U - V) * weights[:, None]
-    return float(np.einsum("ij,ij->", diff, diff))
-
-
-def factored_lloyd(data, centers_init, fitter, *, max_iter, tol, rng, polish_iter, log=None):
+def factored_lloyd(data, centers_init, fitter, *, max_iter, tol, rng, polish_iter, log=None, mean=None):
     """Run QK-means style Lloyd iterations from ``centers_init``.
 
     Parameters
@@ -53,6 +57,9 @@ def factored_lloyd(data, centers_init, fitter, *, max_iter, tol, rng, polish_ite
         Refit iterations of the final polish (0: none). The polish is guarded
         like every refit and followed by a last assignment.
     log : IterationLog, default=None
+    mean : ndarray of shape (n_features,), default=None
+        Kept beside the structure (see the module docstring); rounded to the
+        data's precision first, so training and the operator use the same one.
 
     Returns
     -------
@@ -63,10 +70,15 @@ def factored_lloyd(data, centers_init, fitter, *, max_iter, tol, rng, polish_ite
     n = data.n_samples
     log = log if log is not None else IterationLog(0)
     x_sq_total = float(data.x_sq.sum())
+    if mean is not None:
+        mean = np.asarray(mean, dtype=data.dtype).astype(np.float64)
+
+    def centred(U64):
+        return U64 if mean is None else U64 - mean
+
     t0 = time.perf_counter()
-    state = fitter.initial(np.asarray(centers_init, dtype=np.float64), rng)
-    operator = fitter.operator(state, data.dtype, None)
-    V = fitter.dense(state)
+    state = fitter.initial(centred(np.asarray(centers_init, dtype=np.float64)), rng)
+    operator = fitter.operator(state, data.dtype, None, mean)
     log.record(-1, step="init", objective=None, seconds=time.perf_counter() - t0, **fitter.describe(state))
 
     labels = np.zeros(n, dtype=np.int32)
@@ -83,22 +95,39 @@ def factored_lloyd(data, centers_init, fitter, *, max_iter, tol, rng, polish_ite
         data.assign(operator, labels, partial)
         return float(data.sq_distances(partial).sum())
 
-    def refit(max_palm):
-        """Means (with empty clusters repaired) then a guarded refit; returns the objective."""
-        nonlocal U, state, operator, V, means_of
-        U, _, _, relocated = data.update(labels, U, lambda: data.sq_distances(partial), means_of, counts=counts)
-        means_of = None if relocated else labels.copy()
-        U64 = U.astype(np.float64)
+    tried = {}
+
+    def attempt(U, max_palm):
+        """A guarded refit to the means ``U``: ``(objective, kept, new state or None, before, after)``."""
+        U64 = np.asarray(U, dtype=np.float64)
         weights = np.sqrt(counts.astype(np.float64))
         within = x_sq_total - float(counts @ np.einsum("ij,ij->i", U64, U64))
-        before = _weighted_sq_error(U64, V, weights)
-        new_state, after = fitter.refit(U64, weights, state, max_palm)
+        new_state, after, before = fitter.refit(centred(U64), weights, state, max_palm)
+        tried.clear()
+        tried.update(fitter.describe(new_state))    # what ran, kept or not (e.g. the columns path)
         kept = after <= before
+        return within + min(after, before), kept, new_state if kept else None, before, after
+
+    def refit(objective_now, max_palm):
+        """Means then a guarded refit; returns ``(objective, kept, relocated, before, after)``.
+
+        An empty cluster is given the point farthest from its centre, unless the
+        structure cannot follow that point well enough to lower the objective
+        (a one-point cluster weighs little in the fit): then it stays empty.
+        """
+        nonlocal U, state, operator, means_of
+        U_prev = U
+        U, _, _, relocated = data.update(labels, U_prev, lambda: data.sq_distances(partial), means_of, counts=counts)
+        result = attempt(U, max_palm)
+        if relocated and result[0] > objective_now:
+            U, _, _, _ = data.update(labels, U_prev, None, means_of, counts=counts, repair=False)
+            result, relocated = attempt(U, max_palm), 0
+        means_of = None if relocated else labels.copy()
+        objective, kept, new_state, before, after = result
         if kept:
             state = new_state
-            operator = fitter.operator(state, data.dtype, operator)
-            V = fitter.dense(state)
-        return within + min(after, before), kept, relocated, before, after
+            operator = fitter.operator(state, data.dtype, operator, mean)
+        return objective, kept, relocated, before, after
 
     for it in range(max_iter):
         n_iter = it + 1
@@ -112,10 +141,10 @@ def factored_lloyd(data, centers_init, fitter, *, max_iter, tol, rng, polish_ite
         if changed == 0:
             break
         labels_old[:] = labels
-        obj_refit, kept, relocated, before, after = refit(fitter.warm_iter)
+        obj_refit, kept, relocated, before, after = refit(obj_assign, fitter.warm_iter)
         history.append(obj_refit)
-        log.record(it, step="refit", objective=obj_refit, kept=kept, refit=getattr(fitter, "last_refit", None),
-                   relocated=relocated, seconds=time.perf_counter() - t1)
+        log.record(it, step="refit", objective=obj_refit, kept=kept, relocated=relocated,
+                   seconds=time.perf_counter() - t1, **tried)
         converged = objective_prev - obj_refit <= tol * obj_refit
         objective_prev = obj_refit
         if converged:
@@ -123,10 +152,10 @@ def factored_lloyd(data, centers_init, fitter, *, max_iter, tol, rng, polish_ite
 
     if polish_iter > 0:
         t1 = time.perf_counter()
-        obj_polish, kept, relocated, _, _ = refit(polish_iter)
+        obj_polish, kept, relocated, _, _ = refit(history[-1], polish_iter)
         history.append(obj_polish)
         log.record(n_iter - 1, step="polish", objective=obj_polish, kept=kept, relocated=relocated,
-                   seconds=time.perf_counter() - t1)
+                   seconds=time.perf_counter() - t1, **tried)
     t1 = time.perf_counter()
     inertia = assign()
     history.append(inertia)

@@ -10,7 +10,7 @@ from ._base import (OperatorClusterMixin, check_nonnegative_float, check_seeding
                     resolve_n_clusters, seeding_of, warn_if_clusters_lost)
 from ._base import is_int as _is_int
 from ._data import KMeansData
-from .operator import DenseOperator
+from ._operator_base import DenseOperator
 from ._elkan import kmeans_single_elkan
 from ._init import distinct_row_indices
 from ._init import kmeans_plusplus as _kmeans_plusplus

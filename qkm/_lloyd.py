@@ -8,7 +8,7 @@ import time
 
 import numpy as np
 
-from .operator import DenseOperator
+from ._operator_base import DenseOperator
 from ._stopping import IterationLog, StoppingRule
 
 

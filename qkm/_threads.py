@@ -2,14 +2,19 @@
 
 numba's thread count is process-global; :func:`numba_threads` sets it for the
 duration of a ``with`` block and always restores the previous value.
+:func:`single_threaded_blas` pins BLAS to one thread for code whose results
+must not depend on BLAS's thread count (the factorisations: a multithreaded
+BLAS may round small products differently, and the greedy supports then
+diverge).
 """
 
 import contextlib
 from concurrent.futures import ThreadPoolExecutor
 
 import numba
+from threadpoolctl import threadpool_limits
 
-__all__ = ["effective_n_threads", "numba_threads", "run_concurrently"]
+__all__ = ["effective_n_threads", "numba_threads", "run_concurrently", "single_threaded_blas"]
 
 
 def effective_n_threads(n_jobs):
@@ -50,6 +55,12 @@ def numba_threads(n_threads):
     finally:
         numba.set_num_threads(previous)
 
+
+@contextlib.contextmanager
+def single_threaded_blas():
+    """Run the block with one BLAS thread (threadpoolctl), then restore the old count."""
+    with threadpool_limits(limits=1, user_api="blas"):
+        yield
 
 
 def run_concurrently(task, n_tasks, n_threads):

@@ -5,6 +5,7 @@ float32/float64 ndarray, or a CSR matrix with sorted, unique, in-range int32
 indices and finite values.
 """
 
+import math
 import numbers
 
 import numpy as np
@@ -16,6 +17,10 @@ __all__ = [
     "check_feature_count",
     "check_init_array",
     "as_float_dtype",
+    "check_int",
+    "check_float",
+    "check_matrix",
+    "check_weights",
 ]
 
 _FLOAT_DTYPES = (np.float64, np.float32)
@@ -166,3 +171,57 @@ def check_init_array(init, n_clusters, n_features, dtype):
             f"init array has shape {init.shape}, expected (n_clusters, n_features) = ({n_clusters}, {n_features})."
         )
     return init
+
+
+# --------------------------------------------------------------------------- #
+# Scalars, matrices and weights of the palm4MSA functions
+# --------------------------------------------------------------------------- #
+def check_int(name, value, minimum):
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise ValueError(f"{name} must be an integer >= {minimum}; got {value!r}.")
+    if value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}; got {value!r}.")
+    return int(value)
+
+
+def check_float(name, value, minimum=None):
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a finite number; got {value!r}.") from None
+    if not math.isfinite(v) or (minimum is not None and v < minimum):
+        bound = "" if minimum is None else f" >= {minimum}"
+        raise ValueError(f"{name} must be a finite number{bound}; got {value!r}.")
+    return v
+
+
+def check_matrix(name, a):
+    """float64 C-contiguous copy of a finite 2-D array (float32 accepted)."""
+    try:
+        arr = np.array(a, dtype=np.float64, order="C", copy=True)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a 2-D array of real numbers.") from None
+    if arr.ndim != 2 or arr.shape[0] == 0 or arr.shape[1] == 0:
+        raise ValueError(f"{name} must be a non-empty 2-D array; got shape {arr.shape}.")
+    if not np.isfinite(arr).all():
+        raise ValueError(f"{name} contains NaN or infinite values.")
+    return arr
+
+
+def check_weights(weights, n_rows):
+    """None, or a float64 (K,) vector of finite non-negative weights, not all zero."""
+    if weights is None:
+        return None
+    try:
+        w = np.array(weights, dtype=np.float64, copy=True)
+    except (TypeError, ValueError):
+        raise ValueError("weights must be a 1-D array of non-negative numbers.") from None
+    if w.ndim != 1 or w.shape[0] != n_rows:
+        raise ValueError(f"weights must have shape ({n_rows},) (one per row of target); got {w.shape}.")
+    if not np.isfinite(w).all():
+        raise ValueError("weights contain NaN or infinite values.")
+    if (w < 0).any():
+        raise ValueError("weights must be non-negative.")
+    if not (w > 0).any():
+        raise ValueError("weights must not all be zero.")
+    return w

@@ -80,7 +80,7 @@ def _make_estimator(args, init):
                       tol_wcss=args.tol_wcss, algorithm=args.algorithm, **common)
     loop = dict(n_init=args.n_init if args.n_init is not None else 1,
                 max_iter=args.max_iter if args.max_iter is not None else 50,
-                tol=args.tol if args.tol is not None else 1e-4)
+                tol=args.tol if args.tol is not None else 1e-4, center=args.center)
     if args.algorithm == "lowrank":
         return LowRankKMeans(rank=args.rank, **loop, **common)
     return QKMeans(sparsity_level=args.sparsity_level, n_factors=args.n_factors, palm_max_iter=args.palm_max_iter,
@@ -291,13 +291,15 @@ def build_parser():
                    help="also stop when WCSS falls by <= this fraction in one iteration (SystemML); 0 = off")
     g = p.add_argument_group("QK-means (--algorithm qkmeans) and low-rank (--algorithm lowrank)")
     g.add_argument("--sparsity-level", type=int, default=3,
-                   help="nonzeros kept per row and per column of every factor (default: 3)")
+                   help="s: a factor of shape (r, c) keeps at most s * max(r, c) nonzeros (default: 3)")
     g.add_argument("--n-factors", type=int, default=None,
                    help="number of sparse factors (default: floor(log2(max(K, D))))")
     g.add_argument("--palm-warm-iter", type=int, default=10,
-                   help="palm4MSA iterations per Lloyd iteration (default: 10)")
+                   help="factorisation sweeps per Lloyd iteration (default: 10)")
     g.add_argument("--palm-max-iter", type=int, default=300,
-                   help="palm4MSA iterations of the final polish (default: 300)")
+                   help="factorisation sweeps of the final polish (default: 300)")
+    g.add_argument("--center", action="store_true",
+                   help="keep the data mean beside the structure and fit the structure to the centred means")
     g.add_argument("--rank", type=int, default=8, help="rank of the centroid matrix for --algorithm lowrank (default: 8)")
     p.add_argument("--seed", type=int, default=None, help="random seed (default: fresh entropy)")
     p.add_argument("--n-jobs", type=int, default=None, help="threads (default: all)")

@@ -22,7 +22,7 @@ from ._base import check_export_header, is_int, operator_of
 from ._nystroem import heuristic_gamma, inverse_sqrt_psd, rbf_to_landmarks, row_sq_norms
 from ._threads import effective_n_threads, numba_threads
 from ._validation import check_data, check_feature_count
-from .operator import DenseOperator
+from ._operator_base import DenseOperator
 
 __all__ = ["Nystroem", "kernel_approximation_error"]
 

@@ -77,6 +77,97 @@ def knn(Xq, X, k):
     return np.sqrt(np.take_along_axis(d, idx, axis=1)), idx
 
 
+def rowcol_projection(Z, r, c):
+    """The r largest |Z| of every row, union the c largest of every column (smaller index wins ties), unit norm."""
+    Z = np.asarray(Z, dtype=np.float64)
+    n, m = Z.shape
+    a = np.abs(Z)
+    keep = np.zeros((n, m), dtype=bool)
+    for i in range(n):
+        keep[i, sorted(range(m), key=lambda j: (-a[i, j], j))[:r]] = True
+    for j in range(m):
+        keep[sorted(range(n), key=lambda i: (-a[i, j], i))[:c], j] = True
+    out = np.where(keep, Z, 0.0)
+    nrm = np.sqrt(np.sum(out * out))
+    return out / nrm if nrm > 0 else out
+
+
+def rowcol_feasible(S, r, c):
+    """Every nonzero of S charged to its row (at most r each) or its column (at most c): a max-flow problem."""
+    from scipy.sparse import csr_matrix
+    from scipy.sparse.csgraph import maximum_flow
+
+    rows, cols = np.nonzero(S)
+    nnz, (n, m) = len(rows), S.shape
+    # nodes: source 0, one per nonzero, rows, columns, sink
+    e = np.arange(nnz) + 1
+    r0, c0, sink = 1 + nnz, 1 + nnz + n, 1 + nnz + n + m
+    tails = np.concatenate([np.zeros(nnz, int), e, e, r0 + np.arange(n), c0 + np.arange(m)])
+    heads = np.concatenate([e, r0 + rows, c0 + cols, np.full(n + m, sink)])
+    caps = np.concatenate([np.ones(3 * nnz, int), np.full(n, r), np.full(m, c)])
+    graph = csr_matrix((caps.astype(np.int32), (tails, heads)), shape=(sink + 1, sink + 1))
+    return maximum_flow(graph, 0, sink).flow_value == nnz
+
+
+def chain_product(factors):
+    out = np.asarray(factors[0], dtype=np.float64)
+    for f in factors[1:]:
+        out = out @ np.asarray(f, dtype=np.float64)
+    return out
+
+
+def weighted_chain_error(T, w, factors):
+    """||diag(w) (T - S_1 ... S_Q)||_F^2 by explicit products."""
+    R = np.asarray(w, dtype=np.float64)[:, None] * (np.asarray(T, dtype=np.float64) - chain_product(factors))
+    return float(np.sum(R * R))
+
+
+def lsq_on_support(T, w, factors, q, mask):
+    """argmin of the weighted chain error over factor q supported on mask, by an explicit design matrix."""
+    L = np.diag(np.asarray(w, dtype=np.float64))
+    for f in factors[:q]:
+        L = L @ f
+    R = np.eye(factors[q].shape[1])
+    for f in factors[q + 1:]:
+        R = R @ f
+    ii, jj = np.nonzero(mask)
+    # column p of the design: vec(L E_{ii[p], jj[p]} R) = outer(L[:, i], R[j, :])
+    A = np.stack([np.outer(L[:, i], R[j, :]).ravel() for i, j in zip(ii, jj)], axis=1)
+    b = (np.asarray(w, dtype=np.float64)[:, None] * T).ravel()
+    x = np.linalg.lstsq(A, b, rcond=None)[0]
+    out = np.zeros(factors[q].shape)
+    out[ii, jj] = x
+    return out
+
+
+def greedy_ols(A, T, scale, budget):
+    """Global greedy orthogonal least squares by brute force: at each step, over every (atom i, column j)
+    pair not yet chosen, the one whose exact least-squares refit of column j lowers
+    scale_j ||t_j - A x_j||^2 the most (first column, then first atom, on ties). Returns the support mask."""
+    a, n = A.shape[1], T.shape[1]
+    mask = np.zeros((a, n), dtype=bool)
+
+    def resid(j, cols):
+        if not cols:
+            return float(T[:, j] @ T[:, j])
+        x = np.linalg.lstsq(A[:, cols], T[:, j], rcond=None)[0]
+        r = T[:, j] - A[:, cols] @ x
+        return float(r @ r)
+
+    for _ in range(budget):
+        best, pick = 0.0, None
+        for j in range(n):
+            cols = list(np.flatnonzero(mask[:, j]))
+            base = resid(j, cols)
+            for i in range(a):
+                if not mask[i, j]:
+                    gain = scale[j] * (base - resid(j, cols + [i]))
+                    if gain > best * (1 + 1e-9) + 1e-12:
+                        best, pick = gain, (i, j)
+        if pick is None:
+            break
+        mask[pick] = True
+    return mask
 def potential(X, C):
     """Sum over the rows of the squared distance to the nearest centre (the seeding cost)."""
     return assign(X, C)[1].sum()

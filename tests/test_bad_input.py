@@ -644,11 +644,12 @@ def test_row_8_every_flipped_bit_is_a_model_format_error_or_harmless(model_file,
 
 
 def test_row_9_older_format_versions_still_load(model_file, tmp_path):
-    """Version 2 (checksum over the arrays only) and version 1 (no checksum) files load as before."""
+    """Version 3 (before means), 2 (checksum over the arrays only) and 1 (no checksum) files load as before."""
     entries = _entries(model_file)
     header = json.loads(entries["header.json"])
     hashes = {name: info["sha256"] for name, info in header["arrays"].items()}
-    for version, checksum in ((2, content_checksum(hashes)), (1, None)):
+    v3 = header_checksum(dict(header, format_version=3))
+    for version, checksum in ((3, v3), (2, content_checksum(hashes)), (1, None)):
         old = dict(header, format_version=version)
         old.pop("checksum")
         if checksum is not None:

@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from qkm._chain import PATHS, ChainCalibration, random_chain
+from qkm._chain_calibration import PATHS, ChainCalibration
+from qkm._chain_layout import random_chain
 from qkm._threads import numba_threads
 from qkm.operator import DenseOperator, FactorChainOperator, make_operator
 
@@ -140,7 +141,7 @@ def test_auto_path_matches_forced_paths_and_reports_its_choice(sparse):
 
 
 def _bucket_name(n):
-    from qkm._chain import _bucket
+    from qkm._chain_calibration import bucket_of as _bucket
 
     return _bucket(n)[0]
 
@@ -300,7 +301,7 @@ def test_every_row_layout_of_the_kernels_is_exercised():
 
 
 def test_padding_rows_to_multiples_of_three_keeps_the_matrix():
-    from qkm._chain import _lane_rows
+    from qkm._chain_layout import _lane_rows
 
     rng = np.random.default_rng(0)
     for _ in range(50):
@@ -334,3 +335,48 @@ def test_full_product_path_is_measured_and_both_paths_agree(sparse):
     X = samples(frozen, 5, seed=1, sparse=sparse)
     np.testing.assert_array_equal(frozen.apply(X), np.ascontiguousarray(frozen._scipy_dots(X).T))
     assert not any(k.startswith("apply:") for k in frozen.timings_)
+
+
+@pytest.mark.parametrize("name", ["random-8x40-Q3", "random-40x8-Q3", "random-12x30-Q1", "irregular"])
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("sparse", [False, True])
+def test_a_kept_mean_is_added_to_every_centroid_on_every_path(name, dtype, sparse):
+    factors = CHAINS[name]
+    plain = FactorChainOperator(factors, dtype=dtype)
+    rng = np.random.default_rng(11)
+    on = rng.random(plain.n_features) < 0.5  # the mean is large on half of the features, zero elsewhere
+    mean = np.where(on, 20.0 + rng.standard_normal(plain.n_features), 0.0).astype(dtype)
+    op = FactorChainOperator(factors, dtype=dtype, mean=mean)
+    V64 = plain.to_dense().astype(np.float64) + mean.astype(np.float64)
+    assert op.mean.dtype == dtype and op.describe()["centered"] and op.nnz == plain.nnz
+    assert op.mean_nnz == on.sum() and op.describe()["nnz_with_mean"] == op.nnz + on.sum()
+    tol = 1e-9 if dtype == np.float64 else 1e-4
+    np.testing.assert_allclose(op.to_dense(), V64, rtol=tol)
+    np.testing.assert_allclose(op.c_sq, np.einsum("ij,ij->i", V64, V64), rtol=tol)
+    X = V64[rng.integers(0, op.n_clusters, 300)] + 0.05 * rng.standard_normal((300, op.n_features))
+    if sparse:  # zeros where the mean is zero: rows stay near their centroid
+        X[(rng.random(X.shape) < 0.3) & ~on[None, :]] = 0.0
+        X = sp.csr_matrix(X.astype(dtype))
+    else:
+        X = X.astype(dtype)
+    ref_labels, ref_best, gap = brute_force(V64, np.einsum("ij,ij->i", V64, V64), X)
+    clear = gap > 1e-5 * (1.0 + np.abs(ref_best))  # well above the float32 rounding of |x.v| ~ |best|
+    assert clear.mean() > 0.5
+    for path in PATHS + ("fused",):
+        op.force_path(path)
+        for n in (1, 5, 300):
+            labels, best = run(op, X[:n])
+            np.testing.assert_array_equal(labels[clear[:n]], ref_labels[:n][clear[:n]])
+            np.testing.assert_allclose(best, ref_best[:n], rtol=tol, atol=tol * (1.0 + np.abs(op.c_sq).max()))
+    op.force_path("auto")
+    ref = (X.toarray() if sparse else X).astype(np.float64) @ V64.T
+    np.testing.assert_allclose(op.apply(X), ref, rtol=tol, atol=tol * np.abs(ref).max())
+    labels, d = op.assign(X)
+    np.testing.assert_array_equal(labels[clear], ref_labels[clear])
+    alone = op.without_mean()
+    assert alone.mean is None and all((a != b).nnz == 0 for a, b in zip(alone.factors, op.factors))
+    np.testing.assert_allclose(alone.to_dense(), plain.to_dense())
+    with pytest.raises(ValueError, match="mean has shape"):
+        FactorChainOperator(factors, mean=np.zeros(plain.n_features + 1))
+    with pytest.raises(ValueError, match="non-finite"):
+        FactorChainOperator(factors, mean=np.full(plain.n_features, np.nan))

@@ -1,0 +1,113 @@
+"""QK-means on wide sparse data: factorisations on the active columns only (qkm._columns) equal the dense ones."""
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from qkm import QKMeans
+from qkm._columns import ColumnMap
+from qkm._lsq import factor_budgets, factorize, lsq_refit
+from qkm.palm4msa import chain_shapes
+
+
+def _wide_sparse_target(rng, k=10, d=400, words=60):
+    """Rows touching a few random columns (most columns all zero), like cluster means of tf-idf data.
+
+    With ``s = 1`` the budgets (``s * max(rows, cols)``) are below ``nnz``: no exact fit, so the
+    supports are decided by the data, not by rounding."""
+    T = np.zeros((k, d))
+    for i in range(k):
+        cols = rng.choice(d // 3, size=words, replace=False)     # the last two thirds of the columns stay zero
+        T[i, cols] = rng.random(words) + 0.1
+    return T
+
+
+def _assert_same_factors(a, b):
+    assert a.path == "columns" and b.path == "dense"
+    assert len(a.factors) == len(b.factors)
+    for fa, fb in zip(a.factors, b.factors):
+        fa = fa.toarray() if sp.issparse(fa) else fa
+        fb = fb.toarray() if sp.issparse(fb) else fb
+        np.testing.assert_array_equal(fa != 0.0, fb != 0.0)                  # same supports
+        np.testing.assert_allclose(fa * a.lam, fb * b.lam, rtol=0, atol=1e-10 * np.abs(fb * b.lam).max())
+    assert a.objective == pytest.approx(b.objective, rel=1e-10, abs=1e-12)
+
+
+@pytest.mark.parametrize("n_factors", [1, 2, 3])
+def test_factorize_on_active_columns_equals_dense(n_factors):
+    rng = np.random.default_rng(n_factors)
+    T = _wide_sparse_target(rng)
+    w = np.sqrt(rng.integers(1, 9, size=T.shape[0]).astype(float))
+    a = factorize(sp.csr_matrix(T), w, n_factors, 1, 5, 1e-6, columns="columns")
+    b = factorize(T, w, n_factors, 1, 5, 1e-6, columns="dense")
+    assert a.n_columns == int(np.count_nonzero(T.any(axis=0))) < T.shape[1]
+    assert a.factors[-1].shape[1] == T.shape[1]
+    _assert_same_factors(a, b)
+
+
+def test_refit_on_active_columns_equals_dense():
+    """Warm refit to new means: the last factor has values in columns where the new target is zero."""
+    rng = np.random.default_rng(5)
+    K, D, Q, s = 10, 400, 3, 1
+    first = factorize(_wide_sparse_target(rng), None, Q, s, 3, 1e-6, columns="dense")
+    T = _wide_sparse_target(rng)
+    old_cols = np.flatnonzero(first.factors[-1].any(axis=0))
+    assert not np.all(T[:, old_cols].any(axis=0))      # some supported columns lose their target
+    w = np.sqrt(rng.integers(0, 9, size=K).astype(float))   # an empty cluster: weight 0
+    budgets = factor_budgets(chain_shapes(K, D, Q), s)
+    a = lsq_refit(sp.csr_matrix(T), w, [f.copy() for f in first.factors], first.lam, budgets, 8, 1e-6, 8,
+                  columns="columns")
+    b = lsq_refit(T, w, [f.copy() for f in first.factors], first.lam, budgets, 8, 1e-6, 8, columns="dense")
+    assert a.start_objective == pytest.approx(b.start_objective, rel=1e-10)
+    _assert_same_factors(a, b)
+
+
+def test_column_map_auto_chooses_by_active_fraction():
+    few = np.zeros((3, 100))
+    few[:, :10] = 1.0
+    assert ColumnMap.of(sp.csr_matrix(few)).path == "columns"
+    assert ColumnMap.of(np.ones((3, 100))).path == "dense"
+    cm = ColumnMap.of(few, None)
+    np.testing.assert_array_equal(cm.put(cm.take(few)).toarray(), few)
+
+
+def _wide_docs(seed=0, n=120, d=3000, k=4):
+    """Documents drawing words from their topic's own vocabulary: most columns of every mean are zero."""
+    rng = np.random.default_rng(seed)
+    rows, cols, vals = [], [], []
+    for i in range(n):
+        topic = i % k
+        words = rng.choice(150, size=8, replace=False) + topic * 150
+        rows += [i] * 8
+        cols += list(words)
+        vals += list(rng.random(8) + 0.2)
+    X = sp.csr_matrix((vals, (rows, cols)), shape=(n, d))
+    X.sum_duplicates()
+    return X
+
+
+def test_qkmeans_on_csr_equals_dense_fit_and_records_the_columns_path():
+    X = _wide_docs()
+    kw = dict(n_clusters=4, n_factors=3, sparsity_level=2, max_iter=8, palm_max_iter=20, random_state=0)
+    a = QKMeans(**kw).fit(X)
+    b = QKMeans(**kw).fit(X.toarray())
+    np.testing.assert_array_equal(a.labels_, b.labels_)
+    assert a.inertia_ == pytest.approx(b.inertia_, rel=1e-10)
+    ran = [r for r in a.history_ if r["step"] in ("init", "refit", "polish")]
+    assert ran and all(r["columns"] == "columns" and r["n_columns"] <= 600 for r in ran)   # 4 topics x 150 words
+    assert a.factors_[-1].shape == (a.factors_[-1].shape[0], X.shape[1])
+    # the model is the brute-force nearest centroid of its own (dense) centres
+    d2 = ((X.toarray()[:, None, :] - a.cluster_centers_[None]) ** 2).sum(-1)
+    np.testing.assert_array_equal(a.predict(X), d2.argmin(1))
+
+
+@pytest.mark.needs_threads(2)
+def test_qkmeans_on_csr_same_with_1_and_2_threads():
+    X = _wide_docs(seed=1)
+    kw = dict(n_clusters=4, n_factors=3, sparsity_level=2, max_iter=6, palm_max_iter=10, random_state=0)
+    a = QKMeans(n_jobs=1, **kw).fit(X)
+    b = QKMeans(n_jobs=2, **kw).fit(X)
+    np.testing.assert_array_equal(a.labels_, b.labels_)
+    assert a.inertia_ == b.inertia_
+    for fa, fb in zip(a.factors_, b.factors_):
+        np.testing.assert_array_equal(fa.toarray(), fb.toarray())
