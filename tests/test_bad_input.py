@@ -472,7 +472,10 @@ def test_row_15_ctrl_c_during_train_is_one_line_and_status_130(tmp_path):
     before = (tmp_path / "keep.qkm").read_bytes()
     proc = subprocess.Popen([sys.executable, "-m", "qkm.cli", "train", "X.npy", "-k", "60", "--max-iter", "1000",
                              "--tol", "0", "-v", "-o", "keep.qkm"], cwd=tmp_path, stdin=subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            # a user's Ctrl-C meets SIGINT at its default; a test run started in the background
+                            # (`make test &`) would hand down SIG_IGN, and python keeps an ignored SIGINT ignored
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         seen = []
         for line in proc.stderr:  # training has started once an iteration is reported
