@@ -43,6 +43,7 @@ available when this script was written and are left blank.
 
 import argparse
 import os
+import shlex
 import platform
 import sys
 import time
@@ -330,7 +331,8 @@ def main():
                sklearn=sklearn.__version__, faiss=faiss_version, qkm=qkm.__version__, machine=platform.machine(),
                cpus=os.cpu_count(), threads=args.threads, loadavg_before=load_before, loadavg_after=os.getloadavg(),
                total_seconds=time.perf_counter() - t_start)
-    command = ".venv/bin/python benchmarks/paper_table4.py" + ("" if len(sys.argv) <= 1 else " " + " ".join(sys.argv[1:]))
+    command = ".venv/bin/python benchmarks/paper_table4.py" + ("" if len(sys.argv) <= 1 else
+                                                               " " + shlex.join(sys.argv[1:]))
     text = render(summary_rows, search_rows, seed_rows, goals, env, command, args)
     print(text)
     if args.out:
