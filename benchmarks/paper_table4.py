@@ -123,8 +123,8 @@ def main():
 
     sys.path.insert(0, str(REPO))
     import qkm
-    from qkm._base import operator_of
-    from qkm._qkmeans import default_n_factors
+    from qkm.clustering._base import operator_of
+    from qkm.clustering._qkmeans import default_n_factors
 
     try:
         import faiss

@@ -125,7 +125,7 @@ def run_cell(name, X, y, K, seed, tmp_path):
     from sklearn.metrics import adjusted_mutual_info_score
 
     import qkm
-    from qkm._qkmeans import default_n_factors
+    from qkm.clustering._qkmeans import default_n_factors
     from qkm.operator import FactorChainOperator
     from qkm.palm4msa import factorize, hierarchical_palm4msa
 

@@ -153,7 +153,7 @@ def load(key, data_dir, cache_dir):
 
 # --------------------------------------------------------------------------- one measurement
 def seeding_of(method, K):
-    from qkm._seeding import Seeding
+    from qkm.clustering._seeding import Seeding
 
     if method == "random":
         return Seeding("random")
@@ -174,7 +174,7 @@ def seeding_of(method, K):
 
 def measure(X, data, K, method, seed, args, seeding=None):
     import qkm
-    from qkm._seeding import run_seeding
+    from qkm.clustering._seeding import run_seeding
 
     seeding = seeding or seeding_of(method, K)
     load_before = os.getloadavg()[0]
@@ -332,7 +332,7 @@ def main():
     Path(args.cache_dir).mkdir(parents=True, exist_ok=True)
 
     from qkm._data import KMeansData
-    from qkm._seeding import Seeding
+    from qkm.clustering._seeding import Seeding
     from qkm._threads import numba_threads
     from qkm._validation import check_data
 
@@ -369,7 +369,7 @@ def main():
             key, K = table[name]
             X = check_data(load(key, args.data_dir, args.cache_dir))
             data = KMeansData(X)
-            from qkm._seeding import run_seeding  # warm the kernels outside the timings
+            from qkm.clustering._seeding import run_seeding  # warm the kernels outside the timings
 
             for init in ("k-means++", "d2-seeding", "k-means||", "random"):
                 run_seeding(Seeding(init, d2_samples=20), KMeansData(X[:200]), 3, np.random.RandomState(0))

@@ -15,8 +15,8 @@ Examples
 
 __version__ = "0.1.0"
 
-from ._kmeans import KMeans, kmeans_plusplus, seed_centers
-from ._qkmeans import LowRankKMeans, QKMeans
+from .clustering._kmeans import KMeans, kmeans_plusplus, seed_centers
+from .clustering._qkmeans import LowRankKMeans, QKMeans
 from .neighbors import ClusterIndex
 from .nystroem import Nystroem, kernel_approximation_error
 

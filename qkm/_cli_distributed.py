@@ -112,7 +112,7 @@ def train_sharded(args, make_estimator, progress_bar):
         raise ValueError(f"--scheduler supports --algorithm lloyd or elkan (not yet {args.algorithm}).")
     if args.with_index or args.with_features:
         raise ValueError("--with-index and --with-features need the data in memory; drop --scheduler.")
-    from ._seeding import SEEDINGS
+    from .clustering._seeding import SEEDINGS
 
     init = args.init if args.init in SEEDINGS else np.load(args.init, allow_pickle=False)
     est = make_estimator(args, init)

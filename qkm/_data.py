@@ -19,10 +19,10 @@ import numpy as np
 import scipy.sparse as sp
 
 from . import _config
-from . import _kernels as K_
+from .factorization import _kernels as K_
 from . import _reduce
-from ._kernels import centroid_sq_norms
-from ._empty import relocate_empty_clusters
+from .factorization._kernels import centroid_sq_norms
+from .clustering._empty import relocate_empty_clusters
 
 class StorageChooser:
     """Chooses the layout of C^T for sparse data by measured wall-clock time.

@@ -89,11 +89,11 @@ def _make_estimator(args, init):
 
 def _cmd_train(args):
     from ._atomic import check_destination
-    from ._init import distinct_row_indices
+    from .clustering._init import distinct_row_indices
     from .export import data_fingerprint, save_model
     from .io import save_centroids, save_labels
 
-    from ._seeding import SEEDINGS
+    from .clustering._seeding import SEEDINGS
 
     # before the work, not after it (with --scheduler, --labels names the per-shard files)
     for path in (args.output, None if args.scheduler else args.labels, args.centroids):

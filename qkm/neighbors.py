@@ -22,10 +22,10 @@ from sklearn.base import BaseEstimator, clone
 from sklearn.utils import check_random_state
 from sklearn.utils.validation import check_is_fitted
 
-from ._base import is_int, operator_of
-from ._index import (HEAD_DIMS, TAIL_BLOCKS, BLOCK_DIMS, InvertedLists, calibrate_nprobe, cluster_sq_distances,
+from .clustering._base import is_int, operator_of
+from .approximate._index import (HEAD_DIMS, TAIL_BLOCKS, BLOCK_DIMS, InvertedLists, calibrate_nprobe, cluster_sq_distances,
                      coordinates, fit_basis, fit_quantizer, nearest_clusters, probe_lists)
-from ._index_state import export_state, import_state
+from .approximate._index_state import export_state, import_state
 from ._threads import effective_n_threads, numba_threads
 from ._validation import check_data, check_feature_count
 
@@ -382,7 +382,7 @@ class ClusterIndex(BaseEstimator):
 
     # -- serialization (the operator is stored separately) --------------- #
     def _export_state(self):
-        """``(arrays, metadata)`` of the fitted index, without the operator (see :mod:`qkm._index_state`)."""
+        """``(arrays, metadata)`` of the fitted index, without the operator (see :mod:`qkm.approximate._index_state`)."""
         check_is_fitted(self, "operator_")
         return export_state(self)
 

@@ -18,11 +18,11 @@ from sklearn.utils import check_random_state
 from sklearn.utils.validation import check_is_fitted
 
 from . import _config
-from ._base import check_export_header, is_int, operator_of
-from ._nystroem import heuristic_gamma, inverse_sqrt_psd, rbf_to_landmarks, row_sq_norms
+from .clustering._base import check_export_header, is_int, operator_of
+from .approximate._nystroem import heuristic_gamma, inverse_sqrt_psd, rbf_to_landmarks, row_sq_norms
 from ._threads import effective_n_threads, numba_threads
 from ._validation import check_data, check_feature_count
-from ._operator_base import DenseOperator
+from .factorization._operator_base import DenseOperator
 
 __all__ = ["Nystroem", "kernel_approximation_error"]
 
@@ -195,8 +195,8 @@ class Nystroem(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator)
             rows = X[idx]
             rows = rows.toarray() if hasattr(rows, "toarray") else rows
             return DenseOperator(np.ascontiguousarray(rows)), None, idx
-        from ._kmeans import KMeans
-        from ._qkmeans import QKMeans
+        from .clustering._kmeans import KMeans
+        from .clustering._qkmeans import QKMeans
 
         params = dict(n_clusters=K, random_state=self.random_state, n_jobs=self.n_jobs)
         if kind == "qkmeans":

@@ -22,8 +22,8 @@ Examples
 
 import numpy as np
 
-from ._chain import FactorChainOperator
-from ._operator_base import CentroidOperator, DenseOperator
+from .factorization._chain import FactorChainOperator
+from .factorization._operator_base import CentroidOperator, DenseOperator
 
 __all__ = ["CentroidOperator", "DenseOperator", "FactorChainOperator", "make_operator"]
 

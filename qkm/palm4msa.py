@@ -15,7 +15,7 @@ this form.
   default factor shapes.
 
 Implementation notes (step sizes, the cost of a sweep, why the objective is
-non-increasing) are in :mod:`qkm._palm`.
+non-increasing) are in :mod:`qkm.factorization._palm`.
 """
 
 from dataclasses import dataclass, field
@@ -23,7 +23,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import scipy.sparse as sp
 
-from . import _hierarchical, _lsq, _palm, _projections
+from .factorization import _hierarchical
+from .factorization import _lsq
+from .factorization import _palm
+from .factorization import _projections
 from ._threads import single_threaded_blas
 from ._validation import check_float, check_int, check_matrix, check_weights
 

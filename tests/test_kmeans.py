@@ -12,8 +12,8 @@ import naive
 from conftest import CONTAINERS
 from qkm import KMeans
 from qkm._data import KMeansData
-from qkm._empty import relocate_empty_clusters
-from qkm._init import kmeans_plusplus, n_local_trials_for
+from qkm.clustering._empty import relocate_empty_clusters
+from qkm.clustering._init import kmeans_plusplus, n_local_trials_for
 from qkm._validation import check_data
 
 
@@ -224,7 +224,7 @@ def test_sparse_centroid_storage_is_exact(sparse_text_like, monkeypatch):
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 def test_tolerance_scaling_matches_sklearn_rule(blobs, dtype):
-    from qkm._kmeans import _scaled_tolerance
+    from qkm.clustering._kmeans import _scaled_tolerance
 
     X = blobs[0].astype(dtype)
     expected = np.mean(np.var(X.astype(np.float64), axis=0)) * 1e-4

@@ -1,11 +1,11 @@
-"""Budgeted projections, least squares on a support, greedy OLS and the least-squares sweeps (qkm._lsq, qkm._ols)."""
+"""Budgeted projections, least squares on a support, greedy OLS and the least-squares sweeps (qkm.factorization._lsq, qkm.factorization._ols)."""
 
 import numpy as np
 import pytest
 
-from qkm import _projections
-from qkm._lsq import _Sides, _solve_on, factor_budgets, lsq_palm
-from qkm._ols import ols_support
+from qkm.factorization import _projections
+from qkm.factorization._lsq import _Sides, _solve_on, factor_budgets, lsq_palm
+from qkm.factorization._ols import ols_support
 from qkm.palm4msa import chain_shapes, factorize, hierarchical_palm4msa
 
 import naive
@@ -149,7 +149,7 @@ def test_factorize_is_deterministic(rng):
 
 
 def test_large_inner_factors_take_conjugate_gradient_steps(rng, monkeypatch):
-    import qkm._lsq as lsq
+    import qkm.factorization._lsq as lsq
 
     K, D = 6, 11
     shapes = chain_shapes(K, D, 3)

@@ -10,7 +10,7 @@ import scipy.sparse as sp
 from sklearn.datasets import make_blobs
 
 import qkm
-from qkm._chain_layout import random_chain
+from qkm.factorization._chain_layout import random_chain
 from qkm.export import Model, as_model, to_onnx
 from qkm.export import onnx as qonnx
 from qkm.export._onnx_graph import hybrid_plan, split_rows

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from qkm._chain_calibration import PATHS, ChainCalibration
-from qkm._chain_layout import random_chain
+from qkm.factorization._chain_calibration import PATHS, ChainCalibration
+from qkm.factorization._chain_layout import random_chain
 from qkm._threads import numba_threads
 from qkm.operator import DenseOperator, FactorChainOperator, make_operator
 
@@ -141,7 +141,7 @@ def test_auto_path_matches_forced_paths_and_reports_its_choice(sparse):
 
 
 def _bucket_name(n):
-    from qkm._chain_calibration import bucket_of as _bucket
+    from qkm.factorization._chain_calibration import bucket_of as _bucket
 
     return _bucket(n)[0]
 
@@ -301,7 +301,7 @@ def test_every_row_layout_of_the_kernels_is_exercised():
 
 
 def test_padding_rows_to_multiples_of_three_keeps_the_matrix():
-    from qkm._chain_layout import _lane_rows
+    from qkm.factorization._chain_layout import _lane_rows
 
     rng = np.random.default_rng(0)
     for _ in range(50):

@@ -1,10 +1,10 @@
-"""palm4MSA and hierarchical palm4MSA (qkm.palm4msa, qkm._palm)."""
+"""palm4MSA and hierarchical palm4MSA (qkm.palm4msa, qkm.factorization._palm)."""
 
 import numpy as np
 import pytest
 from scipy.linalg import hadamard
 
-from qkm import _palm, _projections
+from qkm.factorization import _palm, _projections
 from qkm.palm4msa import PalmResult, chain_shapes, hierarchical_palm4msa, palm4msa, project_splincol
 
 import naive

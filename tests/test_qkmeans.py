@@ -6,8 +6,8 @@ import scipy.sparse as sp
 
 from qkm import KMeans, LowRankKMeans, QKMeans
 from qkm._data import KMeansData
-from qkm._factored_lloyd import factored_lloyd
-from qkm._qkmeans import _LowRankFitter, default_n_factors
+from qkm.clustering._factored_lloyd import factored_lloyd
+from qkm.clustering._qkmeans import _LowRankFitter, default_n_factors
 from qkm._threads import numba_threads
 from qkm.export import load_model, save_model
 

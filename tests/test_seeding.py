@@ -1,4 +1,4 @@
-"""The seedings (qkm._seeding): D^2-seeding, k-means||, sampled k-means++, parallel runs."""
+"""The seedings (qkm.clustering._seeding): D^2-seeding, k-means||, sampled k-means++, parallel runs."""
 
 import numba
 import numpy as np
@@ -10,7 +10,7 @@ import naive
 from conftest import CONTAINERS
 from qkm import KMeans, LowRankKMeans, QKMeans, seed_centers
 from qkm._data import KMeansData
-from qkm._seeding import KMParChunk, Seeding, d2_seeding, geometric_sample, kmeans_parallel, run_seeding
+from qkm.clustering._seeding import KMParChunk, Seeding, d2_seeding, geometric_sample, kmeans_parallel, run_seeding
 from qkm._validation import check_data
 
 SEEDINGS = ["k-means++", "d2-seeding", "k-means||", "random"]
@@ -126,7 +126,7 @@ def test_parallel_runs_same_for_1_and_2_threads_and_keep_the_best(blobs, init):
 
 
 def test_a_run_with_empty_clusters_is_repaired(blobs, monkeypatch):
-    import qkm._kmeans as K_
+    import qkm.clustering._kmeans as K_
 
     real = K_.initial_centers
 
@@ -247,7 +247,7 @@ def test_cli_train_seedings_and_verbose_seeding_line(tmp_path, blobs, capsys):
 
 def test_weighted_kmeans_plusplus_equals_repeated_rows():
     # integer data and weights: every potential is exact, so a row of weight w draws like w copies of it
-    from qkm._init import kmeans_plusplus
+    from qkm.clustering._init import kmeans_plusplus
 
     rng = np.random.RandomState(0)
     U = rng.randint(0, 30, size=(40, 3)).astype(np.float64)

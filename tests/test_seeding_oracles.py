@@ -9,8 +9,8 @@ from sklearn.cluster import KMeans as SKKMeans
 import naive
 from qkm import seed_centers
 from qkm._data import KMeansData
-from qkm._seeding import KMParChunk, Seeding, chunk_counts, chunk_lower, d2_seeding, recluster, run_seeding
-from qkm._seeding_kernels import CenterBlock
+from qkm.clustering._seeding import KMParChunk, Seeding, chunk_counts, chunk_lower, d2_seeding, recluster, run_seeding
+from qkm.clustering._seeding_kernels import CenterBlock
 from qkm._validation import check_data
 
 SEEDINGS = ["k-means++", "d2-seeding", "k-means||", "random"]

@@ -1,12 +1,12 @@
-"""QK-means on wide sparse data: factorisations on the active columns only (qkm._columns) equal the dense ones."""
+"""QK-means on wide sparse data: factorisations on the active columns only (qkm.factorization._columns) equal the dense ones."""
 
 import numpy as np
 import pytest
 import scipy.sparse as sp
 
 from qkm import QKMeans
-from qkm._columns import ColumnMap
-from qkm._lsq import factor_budgets, factorize, lsq_refit
+from qkm.factorization._columns import ColumnMap
+from qkm.factorization._lsq import factor_budgets, factorize, lsq_refit
 from qkm.palm4msa import chain_shapes
 
 

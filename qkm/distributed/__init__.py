@@ -271,7 +271,7 @@ class ShardedData:
         """
         import dask.array as da
 
-        from .._kernels import centroid_sq_norms
+        from ..factorization._kernels import centroid_sq_norms
 
         C = np.ascontiguousarray(centers, dtype=self.dtype)
         if C.ndim != 2 or C.shape[1] != self.n_features:

@@ -1,6 +1,6 @@
 """The driver side of a fit over shards: O(K x D) work per iteration (private).
 
-It runs the single-machine loops of :mod:`qkm._lloyd` and :mod:`qkm._elkan`
+It runs the single-machine loops of :mod:`qkm.clustering._lloyd` and :mod:`qkm.clustering._elkan`
 with the data-sized work sent to the shards: means from the combined sums,
 empty-cluster repair from the farthest-point candidates the shards return,
 the stopping rules, Elkan's centre-centre bounds. An iteration whose tasks
@@ -15,11 +15,11 @@ import numpy as np
 import scipy.sparse as sp
 
 from .. import _config
-from .._elkan import _half_center_distances
-from .._empty import apply_relocations, plan_relocations
-from .._kernels import centroid_sq_norms
+from ..clustering._elkan import _half_center_distances
+from ..clustering._empty import apply_relocations, plan_relocations
+from ..factorization._kernels import centroid_sq_norms
 from .._reduce import means_from_csr_sums, means_from_sums
-from .._stopping import IterationLog, StoppingRule
+from ..clustering._stopping import IterationLog, StoppingRule
 from . import _shard_tasks as T
 
 __all__ = ["run_lloyd", "run_elkan"]
@@ -70,7 +70,7 @@ def _final(sd, C, c_sq, key, it, strict, elkan, C_last, rebuild):
 
 
 def run_lloyd(sd, centers_init, *, max_iter, tol, tol_wcss=0.0, verbose=0, log=None, key=None):
-    """Lloyd over shards; the contract of :func:`qkm._lloyd.kmeans_single_lloyd` (labels stay on the shards)."""
+    """Lloyd over shards; the contract of :func:`qkm.clustering._lloyd.kmeans_single_lloyd` (labels stay on the shards)."""
     C = np.array(centers_init, dtype=sd.dtype, order="C", copy=True)
     c_sq = centroid_sq_norms(C)
     rule = StoppingRule(tol, tol_wcss)

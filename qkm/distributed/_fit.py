@@ -7,9 +7,9 @@ import numpy as np
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.utils import check_random_state
 
-from .._base import seeding_of, warn_if_clusters_lost
+from ..clustering._base import seeding_of, warn_if_clusters_lost
 from .._reduce import n_levels
-from .._stopping import IterationLog
+from ..clustering._stopping import IterationLog
 from .._validation import check_n_clusters
 from .. import _config
 from . import _shard_tasks as T
@@ -22,7 +22,7 @@ _RUNS = {"lloyd": run_lloyd, "elkan": run_elkan}
 
 
 def resolve_n_clusters(sd, n_clusters, seeded_from_data):
-    """:func:`qkm._base.resolve_n_clusters` over shards: distinct rows counted in row order, up to K."""
+    """:func:`qkm.clustering._base.resolve_n_clusters` over shards: distinct rows counted in row order, up to K."""
     n_clusters = check_n_clusters(n_clusters)
     if n_clusters > sd.n_rows:
         raise ValueError(f"n_samples={sd.n_rows} should be >= n_clusters={n_clusters}.")

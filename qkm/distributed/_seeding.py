@@ -1,6 +1,6 @@
 """Seedings over shards: k-means|| where the rows live, the others on the driver from a sample (private).
 
-k-means|| (:func:`qkm._seeding.kmeans_parallel`) reaches its chunks only
+k-means|| (:func:`qkm.clustering._seeding.kmeans_parallel`) reaches its chunks only
 through a ``map_chunks`` function; here each chunk is a shard, its state (the
 nearest candidate of each row) kept on the worker holding the shard, and the
 driver does the O(candidates) work. Rows are sampled by a draw keyed by
@@ -18,8 +18,8 @@ import numpy as np
 import scipy.sparse as sp
 
 from .._data import KMeansData
-from .._init import distinct_row_indices
-from .._seeding import Seeds, kmeans_parallel, run_seeding
+from ..clustering._init import distinct_row_indices
+from ..clustering._seeding import Seeds, kmeans_parallel, run_seeding
 from .._validation import check_init_array
 from . import _shard_tasks as T
 
@@ -40,7 +40,7 @@ class _ChunkRef:
 
 def kmpar_call(shard, key, fn, *args):
     """``fn(chunk, *args)`` on the shard's k-means|| chunk (made on first use, kept under ``key``)."""
-    from .._seeding import KMParChunk
+    from ..clustering._seeding import KMParChunk
 
     chunk = shard.state.get(key)
     if chunk is None:
@@ -123,7 +123,7 @@ def _sample(sd, rng):
 
 
 def _random_rows(sd, n_clusters, rng):
-    """:func:`qkm._init.random_rows` over shards (the same draws)."""
+    """:func:`qkm.clustering._init.random_rows` over shards (the same draws)."""
     idx = rng.choice(sd.n_rows, size=n_clusters, replace=False)
     rows = sd.fetch_rows(idx)
     if len(distinct_row_indices(rows + 0.0)) < n_clusters:  # rare: some drawn rows are equal
@@ -138,16 +138,16 @@ def _random_rows(sd, n_clusters, rng):
 
 def potential(sd, centers):
     """Sum over the shards' rows of the squared distance to the nearest centre (fixed summation order)."""
-    from .._kernels import centroid_sq_norms
+    from ..factorization._kernels import centroid_sq_norms
 
     C = np.ascontiguousarray(centers, dtype=sd.dtype)
     return float(sd.map_reduce(potential_task, (C, centroid_sq_norms(C))).wcss)
 
 
 def initial_seeds(seeding, sd, n_clusters, rng, key):
-    """:func:`qkm._base.initial_centers` over shards: :class:`qkm._seeding.Seeds` of one run.
+    """:func:`qkm.clustering._base.initial_centers` over shards: :class:`qkm.clustering._seeding.Seeds` of one run.
 
-    ``seeding`` is a :class:`qkm._seeding.Seeding`; ``key`` names the run
+    ``seeding`` is a :class:`qkm.clustering._seeding.Seeding`; ``key`` names the run
     (the k-means|| chunk states on the workers are kept under it, then dropped).
     """
     if not isinstance(seeding.init, str):

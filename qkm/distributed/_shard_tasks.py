@@ -22,12 +22,12 @@ import numpy as np
 import scipy.sparse as sp
 from numba import njit, prange
 
-from .. import _kernels as K_
-from .._kernels import _JIT
+from ..factorization import _kernels as K_
+from ..factorization._kernels import _JIT
 from .. import _reduce
 from .._data import KMeansData
-from .._elkan import _own_sq_distances, _pairs_pass, _set_upper
-from .._init import distinct_row_indices
+from ..clustering._elkan import _own_sq_distances, _pairs_pass, _set_upper
+from ..clustering._init import distinct_row_indices
 from .._shards import check_fingerprint, load_shard, shard_fingerprint
 from ..operator import DenseOperator
 from .._threads import numba_threads

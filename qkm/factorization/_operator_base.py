@@ -10,9 +10,9 @@ import time
 import numpy as np
 import scipy.sparse as sp
 
-from . import _config
+from .. import _config
 from . import _kernels as K_
-from ._data import KMeansData
+from .._data import KMeansData
 from ._kernels import centroid_sq_norms
 
 __all__ = ["CentroidOperator", "DenseOperator"]

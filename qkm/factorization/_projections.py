@@ -1,4 +1,4 @@
-"""Projections onto the factor constraint sets of palm4MSA (private; see :mod:`qkm._palm`).
+"""Projections onto the factor constraint sets of palm4MSA (private; see :mod:`qkm.factorization._palm`).
 
 A projection spec is a tuple:
 

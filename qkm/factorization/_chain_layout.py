@@ -1,7 +1,7 @@
-"""The packed layout of a factor chain and its checks (private; see :mod:`qkm._chain`).
+"""The packed layout of a factor chain and its checks (private; see :mod:`qkm.factorization._chain`).
 
 :func:`check_factors` validates ``[S_1, ..., S_Q]`` into CSR of the storage
-dtype; :func:`pack` lays the chain out for :mod:`qkm._chain_kernels`
+dtype; :func:`pack` lays the chain out for :mod:`qkm.factorization._chain_kernels`
 (rows of uniform length 3 or 5, or padded to multiples of 3, for branch-free
 loops); :func:`fold` multiplies it out. :func:`random_chain` makes chains
 with the QK-means supports for tests and benchmarks.
@@ -82,7 +82,7 @@ def fold(meta, ptr, idx, val, n_clusters, n_features):
 
 
 def pack(factors, dtype):
-    """The chain in the layout of :mod:`qkm._chain_kernels` (``meta, ptr, idx, val``)."""
+    """The chain in the layout of :mod:`qkm.factorization._chain_kernels` (``meta, ptr, idx, val``)."""
     order = factors[::-1]  # order of application: S_Q first
     first_csc = order[0].tocsc()
     first_csc.sort_indices()
@@ -105,7 +105,7 @@ def pack(factors, dtype):
 
 
 def _lane_rows(indptr, indices, data, max_padding=0.25):
-    """CSR rows plus the row-shape code ``w`` of :mod:`qkm._chain_kernels`.
+    """CSR rows plus the row-shape code ``w`` of :mod:`qkm.factorization._chain_kernels`.
 
     Rows of one uniform count 3 or 5 are kept (``w`` = 3 or 5). Otherwise,
     if that adds at most ``max_padding`` more entries, every row is padded

@@ -8,7 +8,7 @@ import time
 
 import numpy as np
 
-from ._operator_base import DenseOperator
+from ..factorization._operator_base import DenseOperator
 from ._stopping import IterationLog, StoppingRule
 
 

@@ -9,7 +9,7 @@ import scipy.linalg
 import scipy.sparse as sp
 from sklearn.utils.sparsefuncs import mean_variance_axis
 
-from . import _config
+from .. import _config
 
 __all__ = ["mean_sq_pairwise_distance", "heuristic_gamma", "rbf_to_landmarks", "inverse_sqrt_psd", "row_sq_norms"]
 

@@ -1,4 +1,4 @@
-"""Building and searching the inverted lists of :class:`qkm.ClusterIndex` (the kernels: :mod:`qkm._search_kernels`).
+"""Building and searching the inverted lists of :class:`qkm.ClusterIndex` (the kernels: :mod:`qkm.approximate._search_kernels`).
 
 :class:`InvertedLists` holds the indexed rows list by list, contiguous, with
 their coordinates on the principal axes of the data (``basis``) for the
@@ -18,11 +18,11 @@ import scipy.sparse as sp
 from sklearn.decomposition import PCA, TruncatedSVD
 from sklearn.exceptions import ConvergenceWarning
 
-from . import _config
+from .. import _config
 from . import _search_kernels as SK
 from . import _search_probe as SP
-from ._threads import numba_threads
-from ._validation import check_data
+from .._threads import numba_threads
+from .._validation import check_data
 
 __all__ = ["InvertedLists", "fit_basis", "fit_quantizer", "calibrate_nprobe", "nearest_clusters", "probe_lists"]
 
@@ -144,7 +144,7 @@ def centred_sq_norms(X, mean):
 
 def fit_quantizer(head, n_lists, random_state, n_jobs):
     """The index's own lists: :class:`qkm.KMeans` of the rows' head coordinates; its centroids (L, h) float32."""
-    from ._kmeans import KMeans
+    from ..clustering._kmeans import KMeans
 
     with warnings.catch_warnings():  # fewer distinct heads than lists: fewer lists
         warnings.filterwarnings("ignore", category=ConvergenceWarning)

@@ -28,11 +28,11 @@ def hierarchical(T, w, n_factors, s, max_iter_split, max_iter_global, max_iter_f
     """Le Magoarou & Gribonval's hierarchical factorisation; returns a :class:`PalmState`.
 
     ``solver(WT, w, S, lam, projs, max_iter, tol, monotone)`` runs the splits and
-    the global refits (default :func:`qkm._palm.palm`); ``factor_proj`` is the
+    the global refits (default :func:`qkm.factorization._palm.palm`); ``factor_proj`` is the
     constraint of the split-off factors (default ``("splincol", s)``) and
     ``last_proj`` that of the last residual, the last factor (default the same).
     ``n_cols`` is the width of the full problem when ``T`` holds only its active
-    columns (:mod:`qkm._columns`): the inner size ``A`` and the residual budgets
+    columns (:mod:`qkm.factorization._columns`): the inner size ``A`` and the residual budgets
     are those of the full shapes.
     """
     solver = palm if solver is None else solver

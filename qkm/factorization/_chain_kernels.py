@@ -1,10 +1,10 @@
-"""numba kernels of :class:`qkm._chain.FactorChainOperator` (private; no validation here).
+"""numba kernels of :class:`qkm.factorization._chain.FactorChainOperator` (private; no validation here).
 
 The chain ``V = S_1 S_2 ... S_Q`` is applied to a sample ``x`` right to left,
 ``V x = S_1 (S_2 (... (S_Q x)))``, and the argmin over the centroids is fused
 into the last product, so no (n, K) buffer is ever built.
 
-Packed chain (built by ``qkm._chain_layout.pack``)
+Packed chain (built by ``qkm.factorization._chain_layout.pack``)
 ------------------------------------------
 ``meta`` : int64 (Q + 1, 4)
     Row ``q < Q`` describes the q-th factor *in the order of application*
@@ -12,7 +12,7 @@ Packed chain (built by ``qkm._chain_layout.pack``)
     w]``; its CSR row ``i`` owns ``idx/val[ptr[ptr_offset + i] : ptr[ptr_offset
     + i + 1]]``; ``w`` is 3 or 5 when every row has that many entries
     (branch-free loops), -3 when every row has a nonzero multiple of 3
-    entries (rows padded with zeros by ``qkm._chain_layout._lane_rows``), else -1.
+    entries (rows padded with zeros by ``qkm.factorization._chain_layout._lane_rows``), else -1.
     Row ``Q`` is the CSC of ``S_Q`` (for CSR samples): ``[n_cols, n_rows,
     ptr_offset, -1]``, column ``j`` owns ``idx/val[ptr[ptr_offset + j] : ...]``.
 ``ptr`` : uint64, absolute offsets into ``idx``/``val``.
@@ -28,7 +28,7 @@ bit-identical results (fastmath stays off: no contraction, no reassociation).
 Two ways through the chain
 --------------------------
 * per sample (``chain_sample_*``, this module): scalar gathers, for batches of a few rows;
-* blocked (``chain_block_*``, :mod:`qkm._chain_block_kernels`): a block of ``width`` samples is transposed into
+* blocked (``chain_block_*``, :mod:`qkm.factorization._chain_block_kernels`): a block of ``width`` samples is transposed into
   a (D, width) buffer and every factor row becomes ``width``-lane axpys over
   (n, width) buffers (loop-vectorised). Work is split into fixed chunks of
   whole blocks (``chunk_rows``), so results never depend on the thread count.

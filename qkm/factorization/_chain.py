@@ -6,7 +6,7 @@ one for each batch size is chosen by *measured wall time*:
 
 ``fused-sample`` / ``fused-block``
     numba kernels over the packed chain with the argmin fused into the last
-    factor (:mod:`qkm._chain_kernels`, :mod:`qkm._chain_block_kernels`): per sample for tiny batches, in
+    factor (:mod:`qkm.factorization._chain_kernels`, :mod:`qkm.factorization._chain_block_kernels`): per sample for tiny batches, in
     blocks of 64 samples (parallel over blocks) for larger ones.
 ``scipy``
     CSR products applied right to left to ``X^T``.
@@ -42,7 +42,7 @@ import scipy.sparse as sp
 
 from . import _chain_block_kernels as CB
 from . import _chain_kernels as CK
-from . import _config
+from .. import _config
 from ._chain_calibration import PATHS, ChainCalibration, bucket_of, measure
 from ._chain_layout import check_factors, check_mean, fold, pack
 from ._operator_base import CentroidOperator, DenseOperator

@@ -12,7 +12,7 @@ import numpy as np
 import scipy.sparse as sp
 from numba import njit, prange
 
-from . import _config
+from .. import _config
 
 _JIT = dict(cache=_config.CACHE, nogil=True, fastmath=_config.FASTMATH)
 

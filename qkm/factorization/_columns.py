@@ -1,4 +1,4 @@
-"""The active columns of a wide factorisation (private; used by :mod:`qkm._lsq`).
+"""The active columns of a wide factorisation (private; used by :mod:`qkm.factorization._lsq`).
 
 On tf-idf data the target of a QK-means refit, ``W U`` (``K x D`` cluster
 means), and the seeds (``K`` documents) touch a fraction of the ``D`` words.

@@ -1,4 +1,4 @@
-"""Blocked numba kernels of the factor chain (private; layout and conventions in :mod:`qkm._chain_kernels`).
+"""Blocked numba kernels of the factor chain (private; layout and conventions in :mod:`qkm.factorization._chain_kernels`).
 
 A block of ``width`` samples is transposed into a (D, width) buffer and every
 factor row becomes ``width``-lane axpys over (n, width) buffers
@@ -10,7 +10,7 @@ on the thread count. :func:`fold_chain` multiplies the chain out the same way.
 import numpy as np
 from numba import njit, prange
 
-from . import _config
+from .. import _config
 from ._chain_kernels import _U1, _U2, _U3, _U4, _U5, _max_rows
 from ._kernels import _JIT
 

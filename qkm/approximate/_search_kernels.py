@@ -1,6 +1,6 @@
 """numba kernels of :class:`qkm.ClusterIndex`: a query probed, scanned and re-ranked in one ``nogil`` call.
 
-Layout of a fitted index (built by :mod:`qkm._index`; ``n`` rows stored list
+Layout of a fitted index (built by :mod:`qkm.approximate._index`; ``n`` rows stored list
 by list, list ``c`` is rows ``offsets[c]:offsets[c + 1]``), passed as the
 tuple ``ix = (mean, basis, shift, codec, centers_t, sizes, offsets, head_t,
 tail, resid, rows, data, indices, indptr, row_ids)``:
@@ -38,7 +38,7 @@ Every query, alone or in a batch, goes through the one compiled
 :func:`search` (a batch is split into fixed chunks of queries, run by threads
 as the kernel releases the GIL), so one query, a batch and any thread count
 give bit-identical answers. The head coordinates and list distances are
-IEEE-exact code (no fastmath) shared with :mod:`qkm._search_probe`; the exact
+IEEE-exact code (no fastmath) shared with :mod:`qkm.approximate._search_probe`; the exact
 distances add in a fixed order over ``LANES`` lanes (vectorised without
 reassociation); only the deeper bounds may be reassociated (``_JIT_DOT``), and
 a batch's deeper coordinates come from BLAS: they only tighten bounds.
@@ -50,7 +50,7 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from ._kernels import _JIT, _JIT_DOT
+from ..factorization._kernels import _JIT, _JIT_DOT
 from ._search_probe import _before, _center_distances, _codes, _project, _project_csr, _select_lists
 
 #: Relative margin of the float32 bounds: a row is pruned only when its bound

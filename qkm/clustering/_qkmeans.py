@@ -1,6 +1,6 @@
 """QK-means and low-rank k-means: k-means whose centroid matrix has a cheap structure.
 
-Both estimators are thin layers over :func:`qkm._factored_lloyd.factored_lloyd`;
+Both estimators are thin layers over :func:`qkm.clustering._factored_lloyd.factored_lloyd`;
 they differ only in the *fitter* that turns weighted cluster means into a
 centroid operator: a product of sparse factors fitted by palm4MSA
 (:class:`QKMeans`), or a rank-``r`` matrix fitted by a truncated SVD
@@ -15,15 +15,15 @@ from sklearn.utils import check_random_state
 
 from ._base import (OperatorClusterMixin, check_nonnegative_float, check_seeding, check_verbose, initial_centers,
                     is_int, resolve_n_clusters, warn_if_clusters_lost)
-from ._data import KMeansData
+from .._data import KMeansData
 from ._factored_lloyd import factored_lloyd
 from ._stopping import IterationLog
-from ._threads import effective_n_threads, numba_threads, single_threaded_blas
-from ._validation import check_data
-from ._chain_calibration import ChainCalibration
-from .operator import FactorChainOperator
-from ._lsq import factor_budgets, factorize, lsq_refit
-from ._palm import chain_shapes
+from .._threads import effective_n_threads, numba_threads, single_threaded_blas
+from .._validation import check_data
+from ..factorization._chain_calibration import ChainCalibration
+from ..operator import FactorChainOperator
+from ..factorization._lsq import factor_budgets, factorize, lsq_refit
+from ..factorization._palm import chain_shapes
 
 __all__ = ["QKMeans", "LowRankKMeans", "default_n_factors"]
 
@@ -60,13 +60,13 @@ def _training_operator(factors, dtype, previous, mean=None):
 class _ChainFitter:
     """``V = lam S_1 ... S_Q``, factor ``q`` keeping at most ``s * max(rows, cols)`` values.
 
-    The seeds are factorised by :func:`qkm._lsq.factorize` (hierarchical
+    The seeds are factorised by :func:`qkm.factorization._lsq.factorize` (hierarchical
     palm4MSA, then least-squares sweeps within the budgets); every refit runs
     ``max_iter`` least-squares sweeps warm from the current factors, each
     factor solved exactly on a support chosen afresh (greedy orthogonal least
     squares under the budget for the first and last factor, the support of a
     projected gradient step for the inner ones) and kept only if the weighted
-    error goes down (:mod:`qkm._lsq`). PALM's single gradient step per factor
+    error goes down (:mod:`qkm.factorization._lsq`). PALM's single gradient step per factor
     rarely moves a support: on Fashion-MNIST (K = 64, s = 3, 20 Lloyd
     iterations from the same seeds) the objective went from 1.207 to 1.066
     times K-means' with fewer values (3,888 instead of 4,588).
@@ -88,7 +88,7 @@ class _ChainFitter:
         return factorize(U, weights, self.n_factors, self.sparsity_level, self.INIT_SWEEPS, self.tol)
 
     def refit(self, U, weights, state, max_iter):
-        # on the active columns of U and of the last factor only (qkm._columns): no K x D weighted copy
+        # on the active columns of U and of the last factor only (qkm.factorization._columns): no K x D weighted copy
         state = lsq_refit(U, weights, list(state.factors), state.lam, self.budgets, max_iter, self.tol, max_iter)
         return state, state.objective, state.start_objective
 

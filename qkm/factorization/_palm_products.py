@@ -1,4 +1,4 @@
-"""Small CSR helpers of the PALM sweep (private; see :mod:`qkm._palm`).
+"""Small CSR helpers of the PALM sweep (private; see :mod:`qkm.factorization._palm`).
 
 Factors hold about ``s`` nonzeros per row and column, so every product with a
 factor (or with a step ``S_new - S``) is a CSR x dense product streaming

@@ -9,16 +9,16 @@ from sklearn.utils import check_random_state
 from ._base import (OperatorClusterMixin, check_nonnegative_float, check_seeding, check_verbose, initial_centers,
                     resolve_n_clusters, seeding_of, warn_if_clusters_lost)
 from ._base import is_int as _is_int
-from ._data import KMeansData
-from ._operator_base import DenseOperator
+from .._data import KMeansData
+from ..factorization._operator_base import DenseOperator
 from ._elkan import kmeans_single_elkan
 from ._init import distinct_row_indices
 from ._init import kmeans_plusplus as _kmeans_plusplus
-from ._reduce import column_variances
+from .._reduce import column_variances
 from ._lloyd import kmeans_single_lloyd
 from ._stopping import IterationLog
-from ._threads import effective_n_threads, numba_threads, run_concurrently
-from ._validation import check_data, check_n_clusters
+from .._threads import effective_n_threads, numba_threads, run_concurrently
+from .._validation import check_data, check_n_clusters
 
 __all__ = ["KMeans", "kmeans_plusplus", "seed_centers"]
 

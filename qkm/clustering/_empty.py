@@ -7,7 +7,7 @@ another cluster. The donor cluster's mean is updated to exclude the point.
 
 import numpy as np
 
-from ._kernels import centroid_sq_norms
+from ..factorization._kernels import centroid_sq_norms
 
 __all__ = ["relocate_empty_clusters", "plan_relocations", "apply_relocations"]
 

@@ -1,4 +1,4 @@
-"""numba kernels of :class:`qkm.ClusterIndex` that decide which lists a query probes (see :mod:`qkm._search_kernels`).
+"""numba kernels of :class:`qkm.ClusterIndex` that decide which lists a query probes (see :mod:`qkm.approximate._search_kernels`).
 
 The query's head coordinates, its distances to the lists and the choice of
 the ``nprobe`` nearest lists are computed here by IEEE-exact code (no
@@ -9,7 +9,7 @@ calibration of ``nprobe="auto"`` and diagnostics), so both see the same lists.
 import numpy as np
 from numba import njit, prange
 
-from ._kernels import _JIT
+from ..factorization._kernels import _JIT
 
 #: Queries per work unit of :func:`probe_distances`.
 QUERY_CHUNK = 16

@@ -14,10 +14,10 @@ from sklearn.exceptions import ConvergenceWarning
 from sklearn.utils.validation import check_is_fitted
 
 from ._init import distinct_row_indices
-from ._operator_base import CentroidOperator
+from ..factorization._operator_base import CentroidOperator
 from ._seeding import SEEDINGS, Seeding, Seeds, potential, run_seeding
-from ._threads import effective_n_threads, numba_threads
-from ._validation import check_data, check_feature_count, check_init_array, check_n_clusters
+from .._threads import effective_n_threads, numba_threads
+from .._validation import check_data, check_feature_count, check_init_array, check_n_clusters
 
 __all__ = ["OperatorClusterMixin", "resolve_n_clusters", "is_int", "check_nonnegative_float", "check_init",
            "check_seeding", "seeding_of", "check_verbose", "initial_centers"]
@@ -61,7 +61,7 @@ _INIT_CHOICES = ", ".join(repr(name) for name in SEEDINGS)
 
 
 def check_init(init):
-    """``init`` is one of :data:`qkm._seeding.SEEDINGS` or an array (checked against the data later)."""
+    """``init`` is one of :data:`qkm.clustering._seeding.SEEDINGS` or an array (checked against the data later)."""
     if isinstance(init, str):
         if init not in SEEDINGS:
             raise ValueError(f"init must be one of {_INIT_CHOICES} or an array; got {init!r}.")
@@ -70,7 +70,7 @@ def check_init(init):
 
 
 def seeding_of(est):
-    """The validated :class:`qkm._seeding.Seeding` of an estimator's init parameters.
+    """The validated :class:`qkm.clustering._seeding.Seeding` of an estimator's init parameters.
 
     Raises ValueError on a bad ``init``, ``d2_samples`` (int >= 1 or None),
     ``oversampling_factor`` (float > 0), ``init_rounds`` (int >= 1) or
@@ -102,10 +102,10 @@ def check_verbose(verbose):
 
 
 def initial_centers(est, data, n_clusters, rng):
-    """Seeds of one run (:class:`qkm._seeding.Seeds`: centres, cost, seconds) for an estimator.
+    """Seeds of one run (:class:`qkm.clustering._seeding.Seeds`: centres, cost, seconds) for an estimator.
 
     ``est`` is an estimator with the init parameters or a
-    :class:`qkm._seeding.Seeding`. A given array is checked against the data;
+    :class:`qkm.clustering._seeding.Seeding`. A given array is checked against the data;
     its cost comes from one assignment pass.
     """
     seeding = est if isinstance(est, Seeding) else seeding_of(est)

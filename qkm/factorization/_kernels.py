@@ -13,7 +13,7 @@ operation sequence, so they pick the same labels.
 import numpy as np
 from numba import njit, prange
 
-from . import _config
+from .. import _config
 
 _JIT = dict(cache=_config.CACHE, nogil=True, fastmath=_config.FASTMATH)
 _JIT_DOT = dict(_JIT, fastmath=_config.FASTMATH_DENSE_DOT)

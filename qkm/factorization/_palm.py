@@ -16,7 +16,7 @@ Cost of a sweep. Nothing of size ``K x D`` is formed per factor:
   ``G = R R^T`` (``N <- N S^T``, ``G <- S G S^T``), so an inner factor's gradient
   ``lam^2 (L^T L) S G - lam L^T N`` needs two dense ``r x r x r`` BLAS products;
 * every product with a factor (or with a step ``S_new - S``) is a CSR x dense
-  product streaming contiguous rows (:class:`qkm._palm_products.SweepMatrix`; factors hold about
+  product streaming contiguous rows (:class:`qkm.factorization._palm_products.SweepMatrix`; factors hold about
   ``s`` nonzeros per row), so the one ``K x A x D`` BLAS product left per sweep is
   the last factor's gradient. Arrays with a ``D`` dimension are kept transposed.
 
@@ -44,7 +44,7 @@ is redone on the current support (the exact projection onto ``{supp <= supp(S),
 unit norm}``, a subset of ``E``: a descent step), and if even that fails the
 factor is kept. On K-means centroids about half the ``splincol`` steps take
 that path. Hence ``f`` never increases in :func:`palm`. A start factor in ``E``
-(checked exactly by :func:`qkm._projections.splincol_feasible`) is only normalised, so a warm
+(checked exactly by :func:`qkm.factorization._projections.splincol_feasible`) is only normalised, so a warm
 start from a previous result continues from it; anything else is projected.
 
 Target. The sweeper touches the target only through ``WTt`` (``(W T)^T``, dense
@@ -54,8 +54,8 @@ gradient. A sparse or very wide target replaces these three uses (and keeps
 the last factor's products sparse); the inner factors only ever see ``r x r``
 Grams and ``r x K`` products.
 
-Hierarchical palm4MSA (the first factorisation) is in :mod:`qkm._hierarchical`,
-the projections in :mod:`qkm._projections`.
+Hierarchical palm4MSA (the first factorisation) is in :mod:`qkm.factorization._hierarchical`,
+the projections in :mod:`qkm.factorization._projections`.
 """
 
 import functools
@@ -68,7 +68,7 @@ from numba import njit
 from ._kernels import _JIT
 from ._palm_products import SweepMatrix
 from ._projections import is_feasible, project
-from ._validation import check_int
+from .._validation import check_int
 
 __all__ = ["PalmState", "chain_shapes", "palm"]
 
@@ -102,7 +102,7 @@ class PalmState:
     n_restricted: int = 0     # splincol steps that did not decrease f, redone on the old support
     n_rejected: int = 0       # steps where even that did not decrease f (factor kept)
     start_objective: float = float("nan")   # f at the start (least-squares sweeps)
-    path: str = "dense"       # "columns": run on the active columns only (qkm._columns)
+    path: str = "dense"       # "columns": run on the active columns only (qkm.factorization._columns)
     n_columns: int = 0        # columns the sweeps ran on
 
 

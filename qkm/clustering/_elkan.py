@@ -18,9 +18,9 @@ import time
 
 import numpy as np
 
-from . import _config
-from . import _kernels as K_
-from ._operator_base import DenseOperator
+from .. import _config
+from ..factorization import _kernels as K_
+from ..factorization._operator_base import DenseOperator
 from ._stopping import IterationLog, StoppingRule
 
 

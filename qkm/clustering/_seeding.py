@@ -4,7 +4,7 @@ One entry point, :func:`run_seeding`, gives the initial centres of one run
 with their potential (the *seeding cost*, ``sum_i min_j ||x_i - c_j||^2``)
 and the time the seeding took.
 
-* ``"k-means++"``: greedy k-means++ (:mod:`qkm._init`); ``n_local_trials=1``
+* ``"k-means++"``: greedy k-means++ (:mod:`qkm.clustering._init`); ``n_local_trials=1``
   is plain k-means++.
 * ``"d2-seeding"`` (Fast Parallel Initialisation for k-means): K sequential
   steps; each draws N points independently from the D^2 distribution of the
@@ -38,7 +38,7 @@ every row; a distributed backend: one per shard). A chunk's state
 candidate and that candidate's id. Per-chunk work, O(rows of the chunk):
 
 * :func:`chunk_lower` - distances to a block of new candidates only (a
-  :class:`qkm._seeding_kernels.CenterBlock`); updates the state, returns the
+  :class:`qkm.clustering._seeding_kernels.CenterBlock`); updates the state, returns the
   chunk's cost;
 * :func:`chunk_sample` - the rows kept this round (round key and scale in);
 * :func:`chunk_rows` - given rows (the first centre);
@@ -59,12 +59,12 @@ import time
 import numpy as np
 import scipy.sparse as sp
 
-from . import _config
+from .. import _config
 from . import _seeding_kernels as S_
 from ._seeding_kernels import SampleLayout
-from ._data import KMeansData
+from .._data import KMeansData
 from ._init import _rows, distinct_row_indices, kmeans_plusplus, n_local_trials_for, random_rows
-from .operator import DenseOperator
+from ..operator import DenseOperator
 
 __all__ = ["SEEDINGS", "Seeding", "Seeds", "run_seeding", "potential", "d2_seeding", "kmeans_parallel",
            "geometric_sample", "KMParChunk", "chunk_lower", "chunk_sample", "chunk_rows",
@@ -85,7 +85,7 @@ KMPAR_EXTRA_ROUNDS = 100
 
 @dataclasses.dataclass(frozen=True)
 class Seeding:
-    """A validated seeding request: the estimators' init parameters (see :func:`qkm._base.seeding_of`).
+    """A validated seeding request: the estimators' init parameters (see :func:`qkm.clustering._base.seeding_of`).
 
     ``n_local_trials`` (k-means++ candidates per step, 1 = plain) and
     ``d2_groups`` (see :func:`d2_seeding`) are not estimator parameters; the

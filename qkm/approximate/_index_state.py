@@ -13,9 +13,9 @@ import numbers
 import numpy as np
 import scipy.sparse as sp
 
-from ._base import check_export_header
+from ..clustering._base import check_export_header
 from ._index import HEAD_DIMS, TAIL_BLOCKS, BLOCK_DIMS, fit_basis, nearest_clusters
-from ._validation import check_data
+from .._validation import check_data
 
 __all__ = ["STATE_VERSION", "export_state", "import_state"]
 

@@ -1,6 +1,6 @@
 """Exact least squares of one factor on a support, and support-updating sweeps (private).
 
-Same problem as :mod:`qkm._palm`: ``min f = ||WT - lam W S_1 .. S_Q||_F^2``. For
+Same problem as :mod:`qkm.factorization._palm`: ``min f = ||WT - lam W S_1 .. S_Q||_F^2``. For
 one factor ``q`` with the others fixed, write ``X = lam S_q``, ``L = W S_1 ..
 S_{q-1}``, ``R = S_{q+1} .. S_Q``; then ``f`` is the quadratic
 
@@ -16,11 +16,11 @@ positive definite where ``L`` or ``R`` is rank-deficient and guarantees
 ``f(X_new) <= f(X_old)``.
 
 A sweep visits the factors right to left with the bookkeeping of
-:class:`qkm._palm._Sweeper` (prefix Grams rebuilt per sweep, right side carried).
+:class:`qkm.factorization._palm._Sweeper` (prefix Grams rebuilt per sweep, right side carried).
 With ``update_support`` every factor first gets a candidate support: for a
 factor whose columns (the last) or rows (the first) are independent and whose
 constraint is a global budget (``("sp", k)``), the greedy orthogonal least
-squares of :mod:`qkm._ols`, which spends the budget where it pays; for the
+squares of :mod:`qkm.factorization._ols`, which spends the budget where it pays; for the
 others, the support a projection of a gradient step picks (hard thresholding
 pursuit, Foucart 2011). The factor is solved on the candidate and keeps that
 solution only if ``f`` went down (else it is solved on its current support),
@@ -345,7 +345,7 @@ def lsq_refit(T, w, S, lam, projs, max_iter, tol, support_iter, columns="auto"):
     """:func:`lsq_palm` on ``W T`` (``T`` unweighted, ndarray or CSR) run on the active columns.
 
     The active columns are those where ``T`` or the last factor ``S[-1]``
-    (ndarray or CSR) is nonzero (:class:`qkm._columns.ColumnMap`; ``columns``
+    (ndarray or CSR) is nonzero (:class:`qkm.factorization._columns.ColumnMap`; ``columns``
     forces "columns" or "dense"). The returned state's last factor is CSR when
     the compressed path ran; ``path``, ``n_columns`` and ``start_objective``
     (``f`` of the start) say what ran.

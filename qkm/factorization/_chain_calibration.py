@@ -1,4 +1,4 @@
-"""Measured choice of the execution path of a factor chain (private; see :mod:`qkm._chain`).
+"""Measured choice of the execution path of a factor chain (private; see :mod:`qkm.factorization._chain`).
 
 :class:`ChainCalibration` keeps, per kind of batch (dense or CSR) and batch-size
 bucket, the seconds per row of every candidate path, measured by
