@@ -19,7 +19,7 @@ from ._seeding import SEEDINGS, Seeding, Seeds, potential, run_seeding
 from .._threads import effective_n_threads, numba_threads
 from .._validation import check_data, check_feature_count, check_init_array, check_n_clusters
 
-__all__ = ["OperatorClusterMixin", "resolve_n_clusters", "is_int", "check_nonnegative_float", "check_init",
+__all__ = ["OperatorClusterMixin", "resolve_n_clusters", "run_random_states", "is_int", "check_nonnegative_float", "check_init",
            "check_seeding", "seeding_of", "check_verbose", "initial_centers"]
 
 
@@ -113,6 +113,14 @@ def initial_centers(est, data, n_clusters, rng):
         return run_seeding(seeding, data, n_clusters, rng)
     centers = check_init_array(seeding.init, n_clusters, data.n_features, data.dtype)
     return Seeds(centers, potential(data, centers), 0.0, "array", data.n_samples)
+
+
+def run_random_states(rng, n_runs):
+    """One RandomState per run, drawn up front from ``rng`` (``[rng]`` for one run): a run's draws never
+    depend on thread timing or on where the run executes (in memory or over shards)."""
+    if n_runs == 1:
+        return [rng]
+    return [np.random.RandomState(s) for s in rng.randint(2**31 - 1, size=n_runs)]
 
 
 def resolve_n_clusters(X, n_clusters, seeded_from_data, stacklevel=3):

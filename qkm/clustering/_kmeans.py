@@ -7,7 +7,7 @@ import numpy as np
 from sklearn.utils import check_random_state
 
 from ._base import (OperatorClusterMixin, check_nonnegative_float, check_seeding, check_verbose, initial_centers,
-                    resolve_n_clusters, seeding_of, warn_if_clusters_lost)
+                    resolve_n_clusters, run_random_states, seeding_of, warn_if_clusters_lost)
 from ._base import is_int as _is_int
 from .._data import KMeansData
 from ..factorization._operator_base import DenseOperator
@@ -303,8 +303,7 @@ default="k-means++"
         run = _ALGORITHMS[self.algorithm]
         seeding = seeding_of(self)
         n_runs = self._n_runs()
-        # one RandomState per run, drawn up front: a run's result never depends on thread timing
-        rngs = [rng] if n_runs == 1 else [np.random.RandomState(s) for s in rng.randint(2**31 - 1, size=n_runs)]
+        rngs = run_random_states(rng, n_runs)
         n_threads = effective_n_threads(self.n_jobs)
         with numba_threads(n_threads):
             data = KMeansData(X)

@@ -7,7 +7,7 @@ import numpy as np
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.utils import check_random_state
 
-from ..clustering._base import seeding_of, warn_if_clusters_lost
+from ..clustering._base import run_random_states, seeding_of, warn_if_clusters_lost
 from .._reduce import n_levels
 from ..clustering._stopping import IterationLog
 from .._validation import check_n_clusters
@@ -60,8 +60,7 @@ def fit_kmeans(est, sd, callback=None):
     run = _RUNS[est.algorithm]
     seeding = seeding_of(est)
     n_runs = est._n_runs()
-    # one RandomState per run drawn up front, as KMeans.fit does in-process
-    rngs = [rng] if n_runs == 1 else [np.random.RandomState(s) for s in rng.randint(2**31 - 1, size=n_runs)]
+    rngs = run_random_states(rng, n_runs)  # as KMeans.fit in memory
     token = uuid.uuid4().hex
     best = None
     for run_id in range(n_runs):
