@@ -251,3 +251,47 @@ def test_cli_train_and_predict_on_local_cluster(tmp_path, data, capsys):
     capsys.readouterr()
     np.testing.assert_array_equal(
         np.concatenate([np.load(tmp_path / "sh" / f"shard-0000{i}.pred.npy") for i in (0, 2, 3)]), expected)
+
+
+# --------------------------------------------------------------------------- QK-means over shards
+
+
+def assert_same_factored_fit(got, ref):
+    """Labels identical, objective equal to 1e-12 relative (the same bits here), same factors and history."""
+    np.testing.assert_array_equal(np.asarray(got.labels_.compute()), ref.labels_)
+    assert got.inertia_ == pytest.approx(ref.inertia_, rel=1e-12)
+    np.testing.assert_allclose(got.objective_history_, ref.objective_history_, rtol=1e-12, atol=0)
+    assert got.n_iter_ == ref.n_iter_
+    assert len(got.factors_) == len(ref.factors_)
+    for f, g in zip(got.factors_, ref.factors_):
+        np.testing.assert_array_equal(f.toarray(), g.toarray())
+    np.testing.assert_array_equal(got.cluster_centers_, ref.cluster_centers_)
+
+
+QK = dict(n_clusters=K, sparsity_level=2, max_iter=8, palm_warm_iter=3, palm_max_iter=10)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("kind", ["dense", "csr"])
+def test_qkmeans_same_result_as_in_memory(inproc_client, tmp_path_factory, data, kind, layout):
+    X = data[kind]
+    sd = ShardedData(shards(tmp_path_factory, X, LAYOUTS[layout]), inproc_client)
+    kw = dict(QK, random_state=3, center=kind == "dense")
+    got, ref = qkm.QKMeans(**kw).fit(sd), qkm.QKMeans(**kw).fit(X)
+    assert_same_factored_fit(got, ref)
+    assigned = [r for r in got.history_ if r["step"] == "assign"]
+    assert assigned and all(r["storage"] == "shards" and r["sent_bytes"] > 0 for r in assigned)
+
+
+def test_qkmeans_empty_cluster_and_lowrank_on_the_shards(inproc_client, tmp_path_factory, data):
+    """An empty cluster repaired from the shards' candidates; LowRankKMeans runs the same loop."""
+    X = data["csr"]
+    sd = ShardedData(shards(tmp_path_factory, X, LAYOUTS["3 shards + empty"]), inproc_client)
+    init = np.vstack([X[:K - 1].toarray(), np.full((1, D), 1e3)])  # nothing is near the last centre
+    kw = dict(QK, init=init)
+    got, ref = qkm.QKMeans(**kw).fit(sd), qkm.QKMeans(**kw).fit(X)
+    assert ref.history_[2]["step"] == "refit" and "relocated" in ref.history_[2]
+    assert [r.get("relocated") for r in got.history_] == [r.get("relocated") for r in ref.history_]
+    assert_same_factored_fit(got, ref)
+    kw = dict(n_clusters=K, rank=2, random_state=1, max_iter=6, n_init=2)
+    assert_same_factored_fit(qkm.LowRankKMeans(**kw).fit(sd), qkm.LowRankKMeans(**kw).fit(X))

@@ -27,7 +27,8 @@ shards on a Dask cluster, so both paths run this one loop):
 
 - ``x_sq_total()``: ``sum_i ||x_i||^2`` in the fixed block-tree order;
 - ``assign(operator)``: labels of every row with the operator, kept by the
-  pass; returns ``(objective, labels changed, execution path)``;
+  pass; returns ``(objective, labels changed, info)``, ``info`` a dict for
+  the log (the execution path that ran, and so on);
 - ``means(U, repair, counts)``: the cluster means of those labels (rows of
   empty clusters kept from ``U``; with ``repair`` an empty cluster takes the
   point farthest from its centre, as :func:`qkm.clustering._empty.relocate_empty_clusters`),
@@ -85,7 +86,7 @@ class InMemoryPass:
         objective = data.total(data.sq_distances(self._partial))
         changed = int((self._labels != self._labels_old).sum())
         self._labels_old[:] = self._labels
-        return objective, changed, operator.execution_path(data.n_samples)
+        return objective, changed, {"path": operator.execution_path(data.n_samples)}
 
     def means(self, U, repair, counts):
         data = self.data
@@ -189,10 +190,10 @@ def factored_lloyd(data, centers_init, fitter, *, max_iter, tol, rng, polish_ite
     for it in range(max_iter):
         n_iter = it + 1
         t0 = time.perf_counter()
-        obj_assign, changed, path = passes.assign(operator)
+        obj_assign, changed, info = passes.assign(operator)
         history.append(obj_assign)
         t1 = time.perf_counter()
-        log.record(it, step="assign", objective=obj_assign, changed=changed, path=path, seconds=t1 - t0)
+        log.record(it, step="assign", objective=obj_assign, changed=changed, seconds=t1 - t0, **info)
         if changed == 0:
             break
         obj_refit, kept, relocated, before, after = refit(obj_assign, fitter.warm_iter)
@@ -211,8 +212,8 @@ def factored_lloyd(data, centers_init, fitter, *, max_iter, tol, rng, polish_ite
         log.record(n_iter - 1, step="polish", objective=obj_polish, kept=kept, relocated=relocated,
                    seconds=time.perf_counter() - t1, **tried)
     t1 = time.perf_counter()
-    inertia, _, path = passes.assign(operator)
+    inertia, _, info = passes.assign(operator)
     history.append(inertia)
-    log.record(n_iter - 1, step="final-assign", objective=inertia, path=path, seconds=time.perf_counter() - t1)
+    log.record(n_iter - 1, step="final-assign", objective=inertia, seconds=time.perf_counter() - t1, **info)
     return dict(labels=passes.labels(), inertia=inertia, state=state, operator=operator, n_iter=n_iter,
                 objective_history=np.asarray(history, dtype=np.float64))

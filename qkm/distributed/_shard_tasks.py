@@ -80,10 +80,12 @@ class Shard:
 class Partial:
     """Sums of one shard (or of a node of shards): added by :func:`combine` in the fixed tree order."""
 
-    def __init__(self, counts=None, sums=None, wcss=0.0, n_changed=0, n_pairs=0, vector=None, seconds=0.0):
+    def __init__(self, counts=None, sums=None, wcss=0.0, n_changed=0, n_pairs=0, vector=None, seconds=0.0,
+                 paths=()):
         self.counts, self.sums, self.wcss = counts, sums, float(wcss)
         self.n_changed, self.n_pairs, self.vector = int(n_changed), int(n_pairs), vector
         self.seconds = float(seconds)  # time spent in the shard tasks (diagnostics)
+        self.paths = tuple(sorted(set(paths)))  # execution paths of a factor chain's assignment (diagnostics)
 
     @property
     def nbytes(self):
@@ -198,6 +200,46 @@ class _SharedOperator(DenseOperator):
             return super().sparse_transpose()
 
 
+class ChainPack:
+    """The centroids of a QK-means step as sent to the workers: the sparse factors (and the mean), never ``V``.
+
+    Parameters
+    ----------
+    factors : list of scipy.sparse.csr_matrix
+    mean : ndarray of shape (n_features,) or None
+    dtype : numpy dtype
+        The data's precision (the operator's).
+    """
+
+    def __init__(self, factors, mean, dtype):
+        self.factors, self.mean, self.dtype = list(factors), mean, np.dtype(dtype)
+
+    @property
+    def nbytes(self):
+        return sum(_nbytes(f) for f in self.factors) + _nbytes(self.mean)
+
+
+_CALIBRATION = {}  # one measured choice of chain path per worker process (bit-identical paths only)
+
+
+def _chain_operator(pack):
+    from ..factorization._chain_calibration import ChainCalibration
+    from ..operator import FactorChainOperator
+
+    calibration = _CALIBRATION.setdefault("chain", ChainCalibration(bit_identical=True))
+    op = FactorChainOperator(pack.factors, dtype=pack.dtype, calibration=calibration, mean=pack.mean)
+    _CALIBRATION["chain"] = op.calibration  # a new one when the chain's shape changed
+    return op
+
+
+def _make_operator(pack):
+    """The operator of a pack: a factor chain (:class:`ChainPack`) or dense centres ``(C, c_sq)``."""
+    if isinstance(pack, ChainPack):
+        return _chain_operator(pack)
+    C, c_sq = _unpack(pack)[:2]
+    return DenseOperator(C, c_sq)
+
+
 _OPERATORS = collections.OrderedDict()  # id(pack) -> (pack, operator): one per pack per worker process
 _OPERATORS_LOCK = threading.Lock()
 
@@ -208,8 +250,10 @@ def _operator(pack):
         hit = _OPERATORS.get(id(pack))
         if hit is not None and hit[0] is pack:
             return hit[1]
-        C, c_sq = _unpack(pack)[:2]
-        op = _SharedOperator(C, c_sq)
+        if isinstance(pack, ChainPack):
+            op = _chain_operator(pack)
+        else:
+            op = _SharedOperator(*_unpack(pack)[:2])
         _OPERATORS[id(pack)] = (pack, op)
         while len(_OPERATORS) > 2:
             _OPERATORS.popitem(last=False)
@@ -228,7 +272,7 @@ def _add(a, b):
 def combine(a, b):
     """``a + b`` term by term (new arrays: task inputs are never modified)."""
     return Partial(_add(a.counts, b.counts), _add(a.sums, b.sums), a.wcss + b.wcss, a.n_changed + b.n_changed,
-                   a.n_pairs + b.n_pairs, _add(a.vector, b.vector), a.seconds + b.seconds)
+                   a.n_pairs + b.n_pairs, _add(a.vector, b.vector), a.seconds + b.seconds, a.paths + b.paths)
 
 
 # --------------------------------------------------------------------------- #
@@ -270,6 +314,12 @@ def column_node(shard, mean, n_lev):
     return Partial(vector=v)
 
 
+def row_sq_total(shard, pack):
+    """``sum ||x_i||^2`` over the shard's rows: a node of the summation tree (``pack`` unused)."""
+    shard.check()
+    return Partial(wcss=shard.data.total(shard.data.x_sq))
+
+
 def rows(shard, local_rows):
     """Dense float64 rows (as ``KMeansData.row`` gives them)."""
     return np.stack([shard.data.row(int(i)) for i in local_rows]) if len(local_rows) else None
@@ -300,7 +350,7 @@ class _State:
 
 
 def _state(shard, key, it, rebuild):
-    """The shard's state after iteration ``it - 1``, rebuilt from ``rebuild`` (the centres of ``it - 1``) if lost."""
+    """The shard's state after iteration ``it - 1``, rebuilt from ``rebuild`` (the pack of ``it - 1``) if lost."""
     st = shard.state.get(key)
     if st is not None and st.it == it - 1:
         return st
@@ -308,8 +358,7 @@ def _state(shard, key, it, rebuild):
         raise StateLost(f"shard {shard.index}: state of iteration {it - 1} not on this worker")
     st = _State(shard.n_rows)
     if it > 0:
-        C, c_sq = rebuild
-        shard.data.assign(DenseOperator(C, c_sq), st.labels, st.partial)
+        shard.data.assign(_make_operator(rebuild), st.labels, st.partial)
         st.rebuilt = True
     st.it = it - 1
     shard.state[key] = st
@@ -318,25 +367,26 @@ def _state(shard, key, it, rebuild):
 
 def _finish_step(shard, st, labels_old, it, wcss, extra=None):
     n_changed = int(np.count_nonzero(st.labels != labels_old))
-    k = st.layouts.C.shape[0]
+    k = st.layouts.n_clusters
     counts, sums = shard.data.cluster_sums(st.labels, k)
     st.it = it
     return Partial(counts=counts, sums=sums, wcss=wcss, n_changed=n_changed, **(extra or {}))
 
 
 def lloyd_step(shard, pack, key, it, rebuild=None):
-    """Assign with ``pack = (C, c_sq)``, then the shard's cluster sums, sizes, WCSS and changed labels."""
+    """Assign with ``pack`` (``(C, c_sq)`` or a :class:`ChainPack`), then the shard's cluster sums, sizes, WCSS and changed labels."""
     t0 = time.perf_counter()
     shard.check()
     with shard.threads():
-        st = _state(shard, key, it, rebuild and _unpack(rebuild))
+        st = _state(shard, key, it, rebuild)
         labels_old = st.labels.copy()
         st.layouts = _operator(pack)
         st.it = -2  # mid-update
         shard.data.assign(st.layouts, st.labels, st.partial)
         st.sq = shard.data.sq_distances(st.partial)
         st.own_sq = None
-        part = _finish_step(shard, st, labels_old, it, shard.data.total(st.sq))
+        paths = (st.layouts.execution_path(shard.n_rows),) if isinstance(pack, ChainPack) else ()
+        part = _finish_step(shard, st, labels_old, it, shard.data.total(st.sq), {"paths": paths})
     part.seconds = time.perf_counter() - t0
     return part
 
@@ -360,7 +410,7 @@ def final_step(shard, pack, key, it, strict, elkan, rebuild=None):
     shard.check()
     d = shard.data
     with shard.threads():
-        st = _state(shard, key, it + 1, rebuild and _unpack(rebuild))  # the labels of the last iteration
+        st = _state(shard, key, it + 1, rebuild)  # the labels of the last iteration
         layouts = _operator(pack)
         if strict and not elkan:
             pass  # the last assignment's partials are the final ones
@@ -416,7 +466,7 @@ def elkan_count(shard, pack, key, it, rebuild=None):
     shard.check()
     C, c_sq, half_cc, s, shift = pack
     with shard.threads():
-        st = _state(shard, key, it, rebuild and _unpack(rebuild))
+        st = _state(shard, key, it, rebuild)
         n, k = shard.n_rows, C.shape[0]
         if getattr(st, "lb", None) is None:
             st.upper = np.empty(n, dtype=np.float64)
