@@ -290,8 +290,52 @@ def test_qkmeans_empty_cluster_and_lowrank_on_the_shards(inproc_client, tmp_path
     init = np.vstack([X[:K - 1].toarray(), np.full((1, D), 1e3)])  # nothing is near the last centre
     kw = dict(QK, init=init)
     got, ref = qkm.QKMeans(**kw).fit(sd), qkm.QKMeans(**kw).fit(X)
-    assert ref.history_[2]["step"] == "refit" and "relocated" in ref.history_[2]
+    assert ref.history_[2]["step"] == "refit" and ref.history_[2]["relocated"] == 1
     assert [r.get("relocated") for r in got.history_] == [r.get("relocated") for r in ref.history_]
     assert_same_factored_fit(got, ref)
     kw = dict(n_clusters=K, rank=2, random_state=1, max_iter=6, n_init=2)
     assert_same_factored_fit(qkm.LowRankKMeans(**kw).fit(sd), qkm.LowRankKMeans(**kw).fit(X))
+
+
+@pytest.mark.slow
+def test_qkmeans_worker_killed_mid_fit(process_client, tmp_path_factory, data):
+    """SIGKILL a worker process after the first iteration of a QK-means fit: labels rebuilt, the same result."""
+    X = data["csr"]
+    sd = ShardedData(shards(tmp_path_factory, X, LAYOUTS["2 shards"]), process_client)
+    pids = process_client.run(os.getpid)
+    killed = []
+
+    def kill_one(record):
+        if record["step"] == "refit" and not killed:
+            victim = sd.owners[-1]
+            os.kill(pids[victim], signal.SIGKILL)
+            killed.append(victim)
+
+    kw = dict(QK, init=X[:K].toarray(), max_iter=5, tol=0)
+    ref = qkm.QKMeans(**kw).fit(X)
+    got = qkm.QKMeans(**kw).fit(sd, callback=kill_one)
+    assert killed and ref.n_iter_ > 2
+    assert sd.n_retries >= 1
+    assert_same_factored_fit(got, ref)
+    process_client.wait_for_workers(2, timeout=60)
+
+
+@pytest.mark.slow
+def test_cli_train_qkmeans_on_local_cluster(tmp_path, data, capsys):
+    """`qkm train DIR --algorithm qkmeans --scheduler local:2`: the model and labels of the in-memory command."""
+    write_shards(data["dense"], tmp_path / "sh", sizes=LAYOUTS["3 shards + empty"])
+    args = ["-k", str(K), "--seed", "0", "-q", "--json", "--algorithm", "qkmeans", "--max-iter", "4"]
+    assert main(["train", str(tmp_path / "sh"), "-o", str(tmp_path / "a.qkm"), "--scheduler", "local:2",
+                 "--labels", "labels.npy"] + args) == 0
+    on_cluster = json.loads(capsys.readouterr().out)
+    assert main(["train", str(tmp_path / "sh"), "-o", str(tmp_path / "b.qkm"), "--labels",
+                 str(tmp_path / "labels_in_memory.npy")] + args) == 0
+    in_memory = json.loads(capsys.readouterr().out)
+    assert on_cluster["inertia"] == pytest.approx(in_memory["inertia"], rel=1e-12) and on_cluster["workers"] == 2
+    written = [tmp_path / "sh" / f"shard-0000{i}.labels.npy" for i in (0, 2, 3)]
+    np.testing.assert_array_equal(np.concatenate([np.load(p) for p in written]),
+                                  np.load(tmp_path / "labels_in_memory.npy"))
+    from qkm.export import load_model
+
+    a, b = load_model(tmp_path / "a.qkm"), load_model(tmp_path / "b.qkm")
+    np.testing.assert_array_equal(a.operator.to_dense(), b.operator.to_dense())
