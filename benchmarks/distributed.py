@@ -1,4 +1,4 @@
-"""Lloyd in-process vs on a Dask LocalCluster (1 and 2 workers): time, traffic and memory per iteration.
+"""Lloyd, k-means|| and QK-means in-process vs on a Dask LocalCluster (1 and 2 workers): time, traffic, memory.
 
 Data sets (built once into ``benchmarks/.cache/``, not committed):
 
@@ -16,6 +16,22 @@ after one warm-up iteration (numba caches, page cache):
   (``load_data`` on the shard directory), 1 or 2 numba threads;
 * ``dask-1w`` / ``dask-2w``: ``KMeans.fit(ShardedData(DIR, client))`` on a
   ``LocalCluster`` of 1 or 2 worker processes (1 thread each, 127.0.0.1).
+
+Algorithms (``--algorithms``, one table row each per configuration):
+
+* ``lloyd``: ``qkm.KMeans`` (Lloyd) from the initial centres;
+* ``kmeans-par``: the k-means|| seeding (``init="k-means||"``, seed 0, defaults
+  otherwise) followed by one Lloyd iteration; the time shown is the seeding's
+  (``history_[0]["seeding_seconds"]``), and its cost must equal in-process;
+* ``qkmeans``: ``qkm.QKMeans`` (s = 3, ``floor(log2 D)`` factors, ``--palm-warm-iter``
+  least-squares sweeps per refit, default 2 instead of the estimator's 10 to
+  keep the run short: the refit is the same driver work in every
+  configuration) from the initial centres, no final polish
+  (``palm_max_iter=0``); one iteration = an assignment pass over the data
+  (on the shards: the factors are sent, not V) + the refit on the driver,
+  both shown. The warm-up is a one-iteration QK-means with 2 factors (it
+  loads the chain and least-squares kernels on the driver and the workers
+  without repeating the full factorisation of the seeds).
 
 Measured: median seconds per iteration, bytes driver -> workers and workers ->
 driver per iteration (what the driver scattered and received) plus worker ->
@@ -151,11 +167,46 @@ def make_init(directory, k, out):
 # --------------------------------------------------------------------------- one configuration
 
 
-def run_config(spec):
+def make_estimator(algorithm, C0, iters, threads=None, palm_warm_iter=2):
     import qkm
 
+    kw = {} if threads is None else {"n_jobs": threads}
+    if algorithm == "qkmeans-warm-up":
+        return qkm.QKMeans(len(C0), init=C0, max_iter=1, tol=0, n_factors=2, palm_max_iter=0, palm_warm_iter=1, **kw)
+    if algorithm == "lloyd":
+        return qkm.KMeans(len(C0), init=C0, n_init=1, max_iter=iters, tol=0, **kw)
+    if algorithm == "kmeans-par":
+        return qkm.KMeans(len(C0), init="k-means||", n_init=1, max_iter=1, tol=0, random_state=0, **kw)
+    if algorithm == "qkmeans":
+        return qkm.QKMeans(len(C0), init=C0, max_iter=iters, tol=0, palm_max_iter=0, palm_warm_iter=palm_warm_iter,
+                           random_state=0, **kw)
+    raise ValueError(algorithm)
+
+
+def timings(algorithm, km):
+    """Seconds per iteration (and its parts) from the fit's history."""
+    recs = km.history_
+    if algorithm == "kmeans-par":
+        return {"seconds_per_iter": recs[0]["seeding_seconds"], "seeding_cost": recs[0]["seeding_cost"],
+                "iter_seconds": [recs[0]["seeding_seconds"]]}, recs[:0]
+    if algorithm == "qkmeans":
+        assign = [r for r in recs if r.get("step") == "assign"]
+        refit = [r for r in recs if r.get("step") == "refit"]
+        secs = [a["seconds"] + r["seconds"] for a, r in zip(assign, refit)]
+        return {"seconds_per_iter": statistics.median(secs), "iter_seconds": secs,
+                "assign_seconds": statistics.median(r["seconds"] for r in assign),
+                "refit_seconds": statistics.median(r["seconds"] for r in refit), "nnz": int(km.nnz_),
+                "paths": sorted({r.get("path") for r in assign})}, assign
+    secs = [r["seconds"] for r in recs]
+    return {"seconds_per_iter": statistics.median(secs), "iter_seconds": secs}, recs
+
+
+def run_config(spec):
     config, directory, iters = spec["config"], spec["directory"], spec["iters"]
+    algorithm = spec.get("algorithm", "lloyd")
+    warm_up = "qkmeans-warm-up" if algorithm == "qkmeans" else algorithm
     C0 = np.load(spec["init"])
+    palm_warm_iter = spec.get("palm_warm_iter", 2)
     load = {"before": uptime_load()}
     out = {"config": config}
     if config.startswith("inproc"):
@@ -163,10 +214,10 @@ def run_config(spec):
 
         threads = int(config[-2])
         X, _ = load_data(directory)
-        qkm.KMeans(len(C0), init=C0, n_init=1, max_iter=1, tol=0, n_jobs=threads).fit(X)  # warm-up
+        make_estimator(warm_up, C0, 1, threads).fit(X)  # warm-up
         rss0 = vm_kb("VmRSS")
         reset_peak()
-        km = qkm.KMeans(len(C0), init=C0, n_init=1, max_iter=iters, tol=0, n_jobs=threads).fit(X)
+        km = make_estimator(algorithm, C0, iters, threads, palm_warm_iter).fit(X)
         out["driver_peak_mb"] = vm_kb("VmHWM") / 1024
         out["driver_fit_growth_mb"] = (vm_kb("VmHWM") - rss0) / 1024
     else:
@@ -179,21 +230,22 @@ def run_config(spec):
                           dashboard_address=None, worker_dashboard_address=None, memory_limit=0) as cluster, \
                 Client(cluster) as client:
             sd = ShardedData(directory, client)
-            qkm.KMeans(len(C0), init=C0, n_init=1, max_iter=1, tol=0).fit(sd)  # warm-up (loads the shards)
+            make_estimator(warm_up, C0, 1).fit(sd)  # warm-up (loads the shards)
             w0 = client.run(lambda dask_worker: dask_worker.transfer_outgoing_bytes_total)
             rss0 = vm_kb("VmRSS")
             reset_peak()
-            km = qkm.KMeans(len(C0), init=C0, n_init=1, max_iter=iters, tol=0).fit(sd)
+            km = make_estimator(algorithm, C0, iters, None, palm_warm_iter).fit(sd)
             out["driver_peak_mb"] = vm_kb("VmHWM") / 1024
             out["driver_fit_growth_mb"] = (vm_kb("VmHWM") - rss0) / 1024
             w1 = client.run(lambda dask_worker: dask_worker.transfer_outgoing_bytes_total)
             out["worker_peak_mb"] = sorted(
                 v / 1024 for v in client.run(lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss).values())
-            recs = km.history_
-            out["to_workers_bytes"] = statistics.median(r["sent_bytes"] for r in recs)
-            out["to_driver_bytes"] = statistics.median(r["received_bytes"] for r in recs)
-            outgoing = (sum(w1.values()) - sum(w0.values())) / iters
-            out["worker_to_worker_bytes"] = max(0.0, outgoing - out["to_driver_bytes"])
+            recs = timings(algorithm, km)[1]
+            if recs:
+                out["to_workers_bytes"] = statistics.median(r["sent_bytes"] for r in recs)
+                out["to_driver_bytes"] = statistics.median(r["received_bytes"] for r in recs)
+            outgoing = (sum(w1.values()) - sum(w0.values())) / max(len(recs), 1)
+            out["worker_to_worker_bytes"] = max(0.0, outgoing - out.get("to_driver_bytes", 0))
             C = np.asarray(km.cluster_centers_, dtype=np.float64)
             t = []
             for _ in range(3):  # one K x D float64 round trip driver -> worker -> driver
@@ -202,9 +254,8 @@ def run_config(spec):
                 t.append(time.perf_counter() - t0)
             out["kxd_round_trip_s"] = statistics.median(t)
             sd.close()
-    secs = [r["seconds"] for r in km.history_]
-    out.update(n_iter=km.n_iter_, inertia=float(km.inertia_), seconds_per_iter=statistics.median(secs),
-               iter_seconds=secs, load=dict(load, after=uptime_load()))
+    out.update(timings(algorithm, km)[0])
+    out.update(algorithm=algorithm, n_iter=km.n_iter_, inertia=float(km.inertia_), load=dict(load, after=uptime_load()))
     print("RESULT " + json.dumps(out), flush=True)
 
 
@@ -215,45 +266,60 @@ def fmt_mb(v):
     return f"{v / 1e6:.1f} MB" if v >= 1e5 else f"{v / 1e3:.1f} kB"
 
 
+TITLES = {"lloyd": "Lloyd (s/iter: one iteration)",
+          "kmeans-par": "k-means|| seeding (s/iter: the whole seeding; traffic not counted)",
+          "qkmeans": "QK-means (s/iter: assignment pass + refit on the driver)"}
+
+
 def summarise(results, meta):
-    lines = ["# Distributed Lloyd: in-process vs Dask LocalCluster\n",
+    lines = ["# Distributed k-means: in-process vs Dask LocalCluster\n",
              f"Command: `{meta['command']}`  ", f"Machine: {meta['cpu']}, 2 cores shared with other jobs; "
              f"qkm {meta['qkm']}, dask {meta['dask']}.  ",
              f"{meta['iters']} measured iterations after one warm-up; median seconds per iteration; "
              f"{meta['rounds']} round(s) per configuration, interleaved.\n"]
     for key in results:
         name, k = key.rsplit(":", 1)
-        rows = results[key]
-        lines.append(f"\n## {name}, K = {k} ({meta['shapes'][name]})\n")
-        lines.append("| config | s/iter | driver->workers / iter | workers->driver / iter | worker<->worker / iter "
-                     "| driver peak RSS | worker peak RSS | K x D round trip | inertia | load 1-min (before/after) |")
-        lines.append("|---|---|---|---|---|---|---|---|---|---|")
-        ref = None
-        for r in rows:
-            if r["config"] == "inproc-1t" and ref is None:
-                ref = r["inertia"]
-        for r in rows:
-            same = ("(no in-process run)" if ref is None else
-                    "identical" if r["inertia"] == ref else f"{r['inertia']!r} (differs)")
-            lines.append(
-                f"| {r['config']} | {r['seconds_per_iter']:.3f} | {fmt_mb(r.get('to_workers_bytes', 0))} | "
-                f"{fmt_mb(r.get('to_driver_bytes', 0))} | {fmt_mb(r.get('worker_to_worker_bytes', 0))} | "
-                f"{r['driver_peak_mb']:.0f} MB | "
-                + (", ".join(f"{v:.0f}" for v in r["worker_peak_mb"]) + " MB" if "worker_peak_mb" in r else "-")
-                + f" | {r.get('kxd_round_trip_s', float('nan')):.3f} s | {same} | "
-                f"{r['load']['before'][0]:.1f} / {r['load']['after'][0]:.1f} |")
-        lines.append("")
-        by = {}
-        for r in rows:
-            by.setdefault(r["config"], []).append(r["seconds_per_iter"])
-        med = {c: statistics.median(v) for c, v in by.items()}
-        if {"inproc-1t", "dask-1w", "dask-2w"} <= set(med):
-            over = med["dask-1w"] - med["inproc-1t"]
-            kxd = statistics.median(r["kxd_round_trip_s"] for r in rows if r["config"] == "dask-1w")
-            lines.append(f"* overhead dask-1w - inproc-1t: {over:.3f} s/iter (allowance 0.2 s + K x D round trip "
-                         f"{kxd:.3f} s = {0.2 + kxd:.3f} s): {'met' if over <= 0.2 + kxd else 'missed'}")
-            lines.append(f"* speed-up dask-2w over dask-1w: {med['dask-1w'] / med['dask-2w']:.2f}x")
+        for algorithm in dict.fromkeys(r.get("algorithm", "lloyd") for r in results[key]):
+            rows = [r for r in results[key] if r.get("algorithm", "lloyd") == algorithm]
+            lines += summarise_rows(rows, f"{name}, K = {k}, {TITLES[algorithm]} ({meta['shapes'][name]})")
     return "\n".join(lines) + "\n"
+
+
+def summarise_rows(rows, title):
+    qk = rows[0].get("algorithm") == "qkmeans"
+    lines = [f"\n## {title}\n",
+             "| config | s/iter | " + ("assign / refit s | " if qk else "") + "driver->workers / iter | "
+             "workers->driver / iter | worker<->worker / iter | driver peak RSS | worker peak RSS | K x D round trip "
+             "| inertia | load 1-min (before/after) |",
+             "|---|---|" + ("---|" if qk else "") + "---|---|---|---|---|---|---|---|"]
+    ref = next((r for r in rows if r["config"] == "inproc-1t"), None)
+    for r in rows:
+        same = ("(no in-process run)" if ref is None else
+                "identical" if r["inertia"] == ref["inertia"] else
+                f"{r['inertia']!r} (rel. {abs(r['inertia'] / ref['inertia'] - 1):.1e})")
+        if "seeding_cost" in r and ref is not None:
+            rel = abs(r["seeding_cost"] / ref["seeding_cost"] - 1)
+            same += ", seeding cost " + ("identical" if rel == 0 else f"rel. {rel:.1e}")
+        lines.append(
+            f"| {r['config']} | {r['seconds_per_iter']:.3f} | "
+            + (f"{r['assign_seconds']:.3f} / {r['refit_seconds']:.3f} | " if qk else "")
+            + f"{fmt_mb(r.get('to_workers_bytes', 0))} | {fmt_mb(r.get('to_driver_bytes', 0))} | "
+            f"{fmt_mb(r.get('worker_to_worker_bytes', 0))} | {r['driver_peak_mb']:.0f} MB | "
+            + (", ".join(f"{v:.0f}" for v in r["worker_peak_mb"]) + " MB" if "worker_peak_mb" in r else "-")
+            + f" | {r.get('kxd_round_trip_s', float('nan')):.3f} s | {same} | "
+            f"{r['load']['before'][0]:.1f} / {r['load']['after'][0]:.1f} |")
+    lines.append("")
+    by = {}
+    for r in rows:
+        by.setdefault(r["config"], []).append(r["seconds_per_iter"])
+    med = {c: statistics.median(v) for c, v in by.items()}
+    if {"inproc-1t", "dask-1w", "dask-2w"} <= set(med):
+        over = med["dask-1w"] - med["inproc-1t"]
+        kxd = statistics.median(r["kxd_round_trip_s"] for r in rows if r["config"] == "dask-1w")
+        lines.append(f"* overhead dask-1w - inproc-1t: {over:.3f} s/iter (allowance 0.2 s + K x D round trip "
+                     f"{kxd:.3f} s = {0.2 + kxd:.3f} s): {'met' if over <= 0.2 + kxd else 'missed'}")
+        lines.append(f"* speed-up dask-2w over dask-1w: {med['dask-1w'] / med['dask-2w']:.2f}x")
+    return lines
 
 
 def main():
@@ -270,6 +336,8 @@ def main():
     p.add_argument("--density", type=float, default=1e-4)
     p.add_argument("--rows-per-shard", type=int, default=1 << 19)
     p.add_argument("--configs", default=",".join(CONFIGS))
+    p.add_argument("--algorithms", default="lloyd,kmeans-par,qkmeans", help="any of lloyd, kmeans-par, qkmeans")
+    p.add_argument("--palm-warm-iter", type=int, default=2, help="QK-means: least-squares sweeps per refit")
     p.add_argument("--quick", action="store_true", help="200,000 x 20,000 generated matrix, K=100, 2 iterations")
     p.add_argument("--run", help=argparse.SUPPRESS)
     p.add_argument("--make-init", nargs=3, help=argparse.SUPPRESS)
@@ -294,10 +362,11 @@ def main():
             results[key] = []
             for rnd in range(args.rounds):
                 order = configs[rnd % len(configs):] + configs[:rnd % len(configs)]
-                for config in order:
-                    spec = {"config": config, "directory": directory, "init": inits[key], "iters": args.iters}
-                    print(f"[{time.strftime('%H:%M:%S')}] {key} round {rnd + 1} {config} load {uptime_load()}",
-                          flush=True)
+                for algorithm, config in [(a, c) for a in args.algorithms.split(",") for c in order]:
+                    spec = {"config": config, "directory": directory, "init": inits[key], "iters": args.iters,
+                            "algorithm": algorithm, "palm_warm_iter": args.palm_warm_iter}
+                    print(f"[{time.strftime('%H:%M:%S')}] {key} round {rnd + 1} {algorithm} {config} "
+                          f"load {uptime_load()}", flush=True)
                     proc = subprocess.run([sys.executable, __file__, "--run", json.dumps(spec)],
                                           capture_output=True, text=True)
                     line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]

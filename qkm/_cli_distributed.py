@@ -108,8 +108,6 @@ def train_sharded(args, make_estimator, timed_fit):
     from .io import save_centroids
 
     _sharded_only(args)
-    if args.algorithm not in ("lloyd", "elkan"):
-        raise ValueError(f"--scheduler supports --algorithm lloyd or elkan (not yet {args.algorithm}).")
     if args.with_index or args.with_features:
         raise ValueError("--with-index and --with-features need the data in memory; drop --scheduler.")
     from .clustering._seeding import SEEDINGS

@@ -230,24 +230,116 @@ def test_unreachable_scheduler(tmp_path, data):
     assert not model.exists()
 
 
-@pytest.mark.slow
-def test_cli_train_and_predict_on_local_cluster(tmp_path, data, capsys):
-    """`qkm train DIR --scheduler local:2` end to end, labels next to each shard, as in memory."""
-    X = data["csr"]
+def train_on_cluster_and_in_memory(tmp_path, X, capsys, args):
+    """`qkm train` on the shards of ``X`` with ``--scheduler local:2`` (a.qkm) and in memory (b.qkm).
+
+    Checks that the labels written next to each shard are those of the in-memory command; returns both
+    JSON summaries and the labels.
+    """
     write_shards(X, tmp_path / "sh", sizes=LAYOUTS["3 shards + empty"])
-    args = ["-k", str(K), "--seed", "0", "-q", "--json"]
+    args = ["-k", str(K), "--seed", "0", "-q", "--json"] + args
     assert main(["train", str(tmp_path / "sh"), "-o", str(tmp_path / "a.qkm"), "--scheduler", "local:2",
                  "--labels", "labels.npy"] + args) == 0
     on_cluster = json.loads(capsys.readouterr().out)
     assert main(["train", str(tmp_path / "sh"), "-o", str(tmp_path / "b.qkm"), "--labels",
                  str(tmp_path / "labels_in_memory.npy")] + args) == 0
     in_memory = json.loads(capsys.readouterr().out)
-    assert on_cluster["inertia"] == in_memory["inertia"] and on_cluster["workers"] == 2
+    assert on_cluster["workers"] == 2
     written = [tmp_path / "sh" / f"shard-0000{i}.labels.npy" for i in (0, 2, 3)]
     expected = np.load(tmp_path / "labels_in_memory.npy")
     np.testing.assert_array_equal(np.concatenate([np.load(p) for p in written]), expected)
+    return on_cluster, in_memory, expected
+
+
+@pytest.mark.slow
+def test_cli_train_and_predict_on_local_cluster(tmp_path, data, capsys):
+    """`qkm train DIR --scheduler local:2` end to end, labels next to each shard, as in memory."""
+    on_cluster, in_memory, expected = train_on_cluster_and_in_memory(tmp_path, data["csr"], capsys, [])
+    assert on_cluster["inertia"] == in_memory["inertia"]
     assert main(["predict", str(tmp_path / "a.qkm"), str(tmp_path / "sh"), "--scheduler", "local:2",
                  "-o", "pred"]) == 0
     capsys.readouterr()
     np.testing.assert_array_equal(
         np.concatenate([np.load(tmp_path / "sh" / f"shard-0000{i}.pred.npy") for i in (0, 2, 3)]), expected)
+
+
+# --------------------------------------------------------------------------- QK-means over shards
+
+
+def assert_same_factored_fit(got, ref, client):
+    """Labels identical, objective equal to 1e-12 relative (the same bits here), same factors and history.
+
+    The labels are computed on the fit's own client (``compute()`` would use the newest one of this process).
+    """
+    np.testing.assert_array_equal(client.compute(got.labels_, sync=True), ref.labels_)
+    assert got.inertia_ == pytest.approx(ref.inertia_, rel=1e-12)
+    np.testing.assert_allclose(got.objective_history_, ref.objective_history_, rtol=1e-12, atol=0)
+    assert got.n_iter_ == ref.n_iter_
+    assert len(got.factors_) == len(ref.factors_)
+    for f, g in zip(got.factors_, ref.factors_):
+        np.testing.assert_array_equal(f.toarray(), g.toarray())
+    np.testing.assert_array_equal(got.cluster_centers_, ref.cluster_centers_)
+
+
+QK = dict(n_clusters=K, sparsity_level=2, max_iter=8, palm_warm_iter=3, palm_max_iter=10)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("kind", ["dense", "csr"])
+def test_qkmeans_same_result_as_in_memory(inproc_client, tmp_path_factory, data, kind, layout):
+    X = data[kind]
+    sd = ShardedData(shards(tmp_path_factory, X, LAYOUTS[layout]), inproc_client)
+    kw = dict(QK, random_state=3, center=kind == "dense")
+    got, ref = qkm.QKMeans(**kw).fit(sd), qkm.QKMeans(**kw).fit(X)
+    assert_same_factored_fit(got, ref, inproc_client)
+    assigned = [r for r in got.history_ if r["step"] == "assign"]
+    assert assigned and all(r["storage"] == "shards" and r["sent_bytes"] > 0 for r in assigned)
+
+
+def test_qkmeans_empty_cluster_and_lowrank_on_the_shards(inproc_client, tmp_path_factory, data):
+    """An empty cluster repaired from the shards' candidates; LowRankKMeans runs the same loop."""
+    X = data["csr"]
+    sd = ShardedData(shards(tmp_path_factory, X, LAYOUTS["3 shards + empty"]), inproc_client)
+    init = np.vstack([X[:K - 1].toarray(), np.full((1, D), 1e3)])  # nothing is near the last centre
+    kw = dict(QK, init=init)
+    got, ref = qkm.QKMeans(**kw).fit(sd), qkm.QKMeans(**kw).fit(X)
+    assert ref.history_[2]["step"] == "refit" and ref.history_[2]["relocated"] == 1
+    assert [r.get("relocated") for r in got.history_] == [r.get("relocated") for r in ref.history_]
+    assert_same_factored_fit(got, ref, inproc_client)
+    kw = dict(n_clusters=K, rank=2, random_state=1, max_iter=6, n_init=2)
+    assert_same_factored_fit(qkm.LowRankKMeans(**kw).fit(sd), qkm.LowRankKMeans(**kw).fit(X), inproc_client)
+
+
+@pytest.mark.slow
+def test_qkmeans_worker_killed_mid_fit(process_client, tmp_path_factory, data):
+    """SIGKILL a worker process after the first iteration of a QK-means fit: labels rebuilt, the same result."""
+    X = data["csr"]
+    sd = ShardedData(shards(tmp_path_factory, X, LAYOUTS["2 shards"]), process_client)
+    pids = process_client.run(os.getpid)
+    killed = []
+
+    def kill_one(record):
+        if record["step"] == "refit" and not killed:
+            victim = sd.owners[-1]
+            os.kill(pids[victim], signal.SIGKILL)
+            killed.append(victim)
+
+    kw = dict(QK, init=X[:K].toarray(), max_iter=5, tol=0)
+    ref = qkm.QKMeans(**kw).fit(X)
+    got = qkm.QKMeans(**kw).fit(sd, callback=kill_one)
+    assert killed and ref.n_iter_ > 2
+    assert sd.n_retries >= 1
+    assert_same_factored_fit(got, ref, process_client)
+    process_client.wait_for_workers(2, timeout=60)
+
+
+@pytest.mark.slow
+def test_cli_train_qkmeans_on_local_cluster(tmp_path, data, capsys):
+    """`qkm train DIR --algorithm qkmeans --scheduler local:2`: the model and labels of the in-memory command."""
+    from qkm.export import load_model
+
+    on_cluster, in_memory, _ = train_on_cluster_and_in_memory(tmp_path, data["dense"], capsys,
+                                                              ["--algorithm", "qkmeans", "--max-iter", "4"])
+    assert on_cluster["inertia"] == pytest.approx(in_memory["inertia"], rel=1e-12)
+    a, b = load_model(tmp_path / "a.qkm"), load_model(tmp_path / "b.qkm")
+    np.testing.assert_array_equal(a.operator.to_dense(), b.operator.to_dense())

@@ -21,6 +21,26 @@ no dense ``V`` is formed here), ``operator(state, dtype, previous, mean)`` the
 :class:`~qkm.operator.CentroidOperator`, and ``describe(state)`` a dict for
 the log.
 
+Data passes. The loop never touches the rows itself: a *data pass* does
+(:class:`InMemoryPass` here, :class:`qkm.distributed._factored.ShardPass` over
+shards on a Dask cluster, so both paths run this one loop):
+
+- ``x_sq_total()``: ``sum_i ||x_i||^2`` in the fixed block-tree order;
+- ``assign(operator)``: labels of every row with the operator, kept by the
+  pass; returns ``(objective, labels changed, info)``, ``info`` a dict for
+  the log (the execution path that ran, and so on);
+- ``means(U, repair, counts)``: the cluster means of those labels (rows of
+  empty clusters kept from ``U``; with ``repair`` an empty cluster takes the
+  point farthest from its centre, as :func:`qkm.clustering._empty.relocate_empty_clusters`),
+  ``counts`` (OUT) the sizes after the repair; returns ``(U_new, relocated)``;
+- ``refit_done(relocated)``: the means just kept (unless ``relocated``) are
+  those of the current labels (the in-memory pass then recomputes only the
+  clusters whose members change);
+- ``labels()``: the labels of the last assignment.
+
+The guard needs no pass of its own: the objective of a refit is the closed
+form above, from the sums ``x_sq_total``, the means and the counts.
+
 Centring. With a ``mean`` ``mu`` the centroids are ``mu + V``: the fitter only
 ever sees centred means ``U - mu`` (the structure is spent on what the
 clusters do not share), the operator keeps ``mu`` beside the chain, and the
@@ -33,7 +53,52 @@ import numpy as np
 
 from ._stopping import IterationLog
 
-__all__ = ["factored_lloyd"]
+__all__ = ["factored_lloyd", "InMemoryPass"]
+
+
+class InMemoryPass:
+    """The data pass of an in-memory fit (see the module docstring): labels and partials held here.
+
+    Parameters
+    ----------
+    data : KMeansData
+        IN  validated data.
+    """
+
+    def __init__(self, data):
+        self.data = data
+        n = data.n_samples
+        self._labels = np.zeros(n, dtype=np.int32)
+        self._labels_old = np.full(n, -1, dtype=np.int32)
+        self._partial = np.empty(n, dtype=np.float64)
+        self._means_of = None  # labels whose exact means the last kept U holds (None: not such means)
+
+    n_samples = property(lambda self: self.data.n_samples)
+    n_features = property(lambda self: self.data.n_features)
+    dtype = property(lambda self: self.data.dtype)
+
+    def x_sq_total(self):
+        return self.data.total(self.data.x_sq)
+
+    def assign(self, operator):
+        data = self.data
+        data.assign(operator, self._labels, self._partial)
+        objective = data.total(data.sq_distances(self._partial))
+        changed = int((self._labels != self._labels_old).sum())
+        self._labels_old[:] = self._labels
+        return objective, changed, {"path": operator.execution_path(data.n_samples)}
+
+    def means(self, U, repair, counts):
+        data = self.data
+        U_new, _, _, relocated = data.update(self._labels, U.copy(), lambda: data.sq_distances(self._partial),
+                                             self._means_of, counts=counts, repair=repair)
+        return U_new, relocated
+
+    def refit_done(self, relocated):
+        self._means_of = None if relocated else self._labels.copy()
+
+    def labels(self):
+        return self._labels
 
 
 def factored_lloyd(data, centers_init, fitter, *, max_iter, tol, rng, polish_iter, log=None, mean=None):
@@ -41,8 +106,9 @@ def factored_lloyd(data, centers_init, fitter, *, max_iter, tol, rng, polish_ite
 
     Parameters
     ----------
-    data : KMeansData
-        IN  validated data.
+    data : KMeansData or data pass
+        IN  validated data (run through an :class:`InMemoryPass`), or a data
+        pass (see the module docstring).
     centers_init : ndarray of shape (n_clusters, n_features)
         IN  initial centres (seeds), factorised by ``fitter.initial``.
     fitter : object
@@ -64,37 +130,29 @@ def factored_lloyd(data, centers_init, fitter, *, max_iter, tol, rng, polish_ite
     Returns
     -------
     result : dict
-        labels, inertia, state, operator, n_iter, objective_history
+        labels (what the pass's ``labels()`` gives), inertia, state, operator,
+        n_iter, objective_history
     """
+    passes = data if hasattr(data, "refit_done") else InMemoryPass(data)
     k = centers_init.shape[0]
-    n = data.n_samples
     log = log if log is not None else IterationLog(0)
-    x_sq_total = float(data.x_sq.sum())
+    x_sq_total = float(passes.x_sq_total())
     if mean is not None:
-        mean = np.asarray(mean, dtype=data.dtype).astype(np.float64)
+        mean = np.asarray(mean, dtype=passes.dtype).astype(np.float64)
 
     def centred(U64):
         return U64 if mean is None else U64 - mean
 
     t0 = time.perf_counter()
     state = fitter.initial(centred(np.asarray(centers_init, dtype=np.float64)), rng)
-    operator = fitter.operator(state, data.dtype, None, mean)
+    operator = fitter.operator(state, passes.dtype, None, mean)
     log.record(-1, step="init", objective=None, seconds=time.perf_counter() - t0, **fitter.describe(state))
 
-    labels = np.zeros(n, dtype=np.int32)
-    labels_old = np.full(n, -1, dtype=np.int32)
-    partial = np.empty(n, dtype=np.float64)
-    U = np.zeros((k, data.n_features), dtype=data.dtype)
+    U = np.zeros((k, passes.n_features), dtype=passes.dtype)
     counts = np.zeros(k, dtype=np.int64)
     history = []
-    means_of = None
     n_iter = 0
     objective_prev = np.inf
-
-    def assign():
-        data.assign(operator, labels, partial)
-        return float(data.sq_distances(partial).sum())
-
     tried = {}
 
     def attempt(U, max_palm):
@@ -115,32 +173,29 @@ def factored_lloyd(data, centers_init, fitter, *, max_iter, tol, rng, polish_ite
         structure cannot follow that point well enough to lower the objective
         (a one-point cluster weighs little in the fit): then it stays empty.
         """
-        nonlocal U, state, operator, means_of
+        nonlocal U, state, operator
         U_prev = U
-        U, _, _, relocated = data.update(labels, U_prev, lambda: data.sq_distances(partial), means_of, counts=counts)
+        U, relocated = passes.means(U_prev, True, counts)
         result = attempt(U, max_palm)
         if relocated and result[0] > objective_now:
-            U, _, _, _ = data.update(labels, U_prev, None, means_of, counts=counts, repair=False)
+            U, _ = passes.means(U_prev, False, counts)
             result, relocated = attempt(U, max_palm), 0
-        means_of = None if relocated else labels.copy()
+        passes.refit_done(relocated)
         objective, kept, new_state, before, after = result
         if kept:
             state = new_state
-            operator = fitter.operator(state, data.dtype, operator, mean)
+            operator = fitter.operator(state, passes.dtype, operator, mean)
         return objective, kept, relocated, before, after
 
     for it in range(max_iter):
         n_iter = it + 1
         t0 = time.perf_counter()
-        obj_assign = assign()
-        path = operator.execution_path(n)
+        obj_assign, changed, info = passes.assign(operator)
         history.append(obj_assign)
-        changed = int((labels != labels_old).sum())
         t1 = time.perf_counter()
-        log.record(it, step="assign", objective=obj_assign, changed=changed, path=path, seconds=t1 - t0)
+        log.record(it, step="assign", objective=obj_assign, changed=changed, seconds=t1 - t0, **info)
         if changed == 0:
             break
-        labels_old[:] = labels
         obj_refit, kept, relocated, before, after = refit(obj_assign, fitter.warm_iter)
         history.append(obj_refit)
         log.record(it, step="refit", objective=obj_refit, kept=kept, relocated=relocated,
@@ -157,9 +212,8 @@ def factored_lloyd(data, centers_init, fitter, *, max_iter, tol, rng, polish_ite
         log.record(n_iter - 1, step="polish", objective=obj_polish, kept=kept, relocated=relocated,
                    seconds=time.perf_counter() - t1, **tried)
     t1 = time.perf_counter()
-    inertia = assign()
+    inertia, _, info = passes.assign(operator)
     history.append(inertia)
-    log.record(n_iter - 1, step="final-assign", objective=inertia, path=operator.execution_path(n),
-               seconds=time.perf_counter() - t1)
-    return dict(labels=labels, inertia=inertia, state=state, operator=operator, n_iter=n_iter,
+    log.record(n_iter - 1, step="final-assign", objective=inertia, seconds=time.perf_counter() - t1, **info)
+    return dict(labels=passes.labels(), inertia=inertia, state=state, operator=operator, n_iter=n_iter,
                 objective_history=np.asarray(history, dtype=np.float64))

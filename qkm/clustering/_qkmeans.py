@@ -166,8 +166,10 @@ class _FactoredKMeans(OperatorClusterMixin):
 
         Parameters
         ----------
-        X : {array-like, sparse matrix} of shape (n_samples, n_features)
+        X : {array-like, sparse matrix} of shape (n_samples, n_features) or qkm.distributed.ShardedData
             Training data; sparse input is used as CSR without densifying.
+            Shards on a Dask cluster give the same result, with ``labels_``
+            as a dask array.
         y : Ignored
         callback : callable, default=None
             Called with every step's record (a dict: iteration, step, objective, ...).
@@ -177,6 +179,8 @@ class _FactoredKMeans(OperatorClusterMixin):
         self
         """
         self._check_params()
+        if hasattr(X, "_qkm_fit"):  # data on shards (qkm.distributed.ShardedData): the same loop, passes there
+            return X._qkm_fit(self, callback=callback)
         X = check_data(X)
         self.n_features_in_ = X.shape[1]
         n_clusters = resolve_n_clusters(X, self.n_clusters, isinstance(self.init, str))
@@ -198,6 +202,9 @@ class _FactoredKMeans(OperatorClusterMixin):
                     best = (result, log.records)
         result, records = best
         warn_if_clusters_lost(result["labels"], n_clusters)
+        return self._set_fitted(result, records, n_clusters)
+
+    def _set_fitted(self, result, records, n_clusters):
         operator = result["operator"]
         self.operator_ = operator
         self.factors_ = list(operator.factors)

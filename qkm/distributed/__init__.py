@@ -11,10 +11,13 @@ Cut the data into shards once (``qkm shard DATA -o DIR``), then::
     km = qkm.KMeans(n_clusters=100, random_state=0).fit(ShardedData("DIR", client))
     km.cluster_centers_, km.inertia_          # as from an in-memory fit
     km.labels_                                # a dask array, one chunk per shard
+    qk = qkm.QKMeans(n_clusters=100, random_state=0).fit(ShardedData("DIR", client))
+    qk.factors_, qk.objective_history_        # as from an in-memory fit
 
 Workers load their shards from the shared directory by tasks (lost shards are
 reloaded by the scheduler) and run the single-machine numba kernels on them;
-the driver only does O(K x D) work per iteration. Sums are added in the fixed
+the driver only does O(K x D) work per iteration (for QK-means: the means,
+the factor refit and its guard; the workers get the factors, not ``V``). Sums are added in the fixed
 order of :mod:`qkm._reduce` and random draws are seeded by (seed, round,
 shard), so labels, centres and inertia are those of ``KMeans.fit`` on the
 whole data in memory, for any number of workers.
@@ -102,6 +105,10 @@ class ShardedData:
     # ------------------------------------------------------------------ #
     # the protocol KMeans.fit looks for
     def _qkm_fit(self, estimator, callback=None):
+        if hasattr(estimator, "_make_fitter"):  # QKMeans, LowRankKMeans
+            from ._factored import fit_factored
+
+            return fit_factored(estimator, self, callback)
         return fit_kmeans(estimator, self, callback)
 
     def __repr__(self):

@@ -22,16 +22,20 @@ from .._reduce import means_from_csr_sums, means_from_sums
 from ..clustering._stopping import IterationLog, StoppingRule
 from . import _shard_tasks as T
 
-__all__ = ["run_lloyd", "run_elkan"]
+__all__ = ["run_lloyd", "run_elkan", "update_means"]
 
 
 class _Update:
-    def __init__(self, C, shift_sq, c_sq, relocated):
-        self.C, self.shift_sq, self.c_sq, self.relocated = C, shift_sq, c_sq, relocated
+    def __init__(self, C, shift_sq, c_sq, relocated, counts):
+        self.C, self.shift_sq, self.c_sq, self.relocated, self.counts = C, shift_sq, c_sq, relocated, counts
 
 
-def _update(sd, part, C, key, it, elkan, C_new):
-    """Means from the combined sums into ``C_new``; empty clusters repaired from the shards' farthest points."""
+def update_means(sd, part, C, key, it, elkan, C_new, repair=True):
+    """Means from the combined sums into ``C_new``; empty clusters repaired from the shards' farthest points.
+
+    Rows of empty clusters keep ``C`` when not repaired (``repair=False``, or no candidate); ``counts`` of
+    the result are the sizes after the repair (moved points counted in their new cluster).
+    """
     k = C.shape[0]
     np.copyto(C_new, C)
     shift_sq = np.empty(k, dtype=np.float64)
@@ -45,7 +49,7 @@ def _update(sd, part, C, key, it, elkan, C_new):
     counts = part.counts.copy()
     n_empty = int((counts == 0).sum())
     relocated = 0
-    if n_empty:
+    if n_empty and repair:
         m = n_empty + k  # enough: each cluster makes at most one candidate be skipped
         found = sd.gather_each(T.candidates, key, it, m, elkan)
         sq = np.concatenate([f[0] for f in found])
@@ -57,7 +61,7 @@ def _update(sd, part, C, key, it, elkan, C_new):
             chosen = rows[order[[pos for _, pos, _, _ in moves]]]
             apply_relocations(moves, sd.fetch_rows(chosen), C_new, shift_sq, c_sq, C)
         relocated = len(moves)
-    return _Update(C_new, shift_sq, c_sq, relocated)
+    return _Update(C_new, shift_sq, c_sq, relocated, counts)
 
 
 def _final(sd, C, c_sq, key, it, strict, elkan, C_last, rebuild):
@@ -85,7 +89,7 @@ def run_lloyd(sd, centers_init, *, max_iter, tol, tol_wcss=0.0, verbose=0, log=N
 
         def attempt(rebuild, it=it, C=C, c_sq=c_sq, C_prev=C_prev, out=out):
             part = sd.map_reduce(T.lloyd_step, (C, c_sq), key, it, rebuild=C_prev if rebuild else None)
-            return part, _update(sd, part, C, key, it, False, out)
+            return part, update_means(sd, part, C, key, it, False, out)
 
         part, up = sd.retrying(attempt)
         wcss = part.wcss
@@ -132,7 +136,7 @@ def run_elkan(sd, centers_init, *, max_iter, tol, tol_wcss=0.0, verbose=0, log=N
             part = sd.map_reduce(T.elkan_step, pack, key, it, mode, want_wcss, same_pack=True)
             if mode == "pairs":
                 n_pairs = part.n_pairs
-            return part, mode, n_pairs, _update(sd, part, C, key, it, True, out)
+            return part, mode, n_pairs, update_means(sd, part, C, key, it, True, out)
 
         part, mode, n_pairs, up = sd.retrying(attempt)
         wcss = part.wcss if want_wcss else None

@@ -16,7 +16,7 @@ from . import _shard_tasks as T
 from ._driver import run_elkan, run_lloyd
 from ._seeding import initial_seeds
 
-__all__ = ["fit_kmeans"]
+__all__ = ["fit_kmeans", "column_mean", "resolve_n_clusters"]
 
 _RUNS = {"lloyd": run_lloyd, "elkan": run_elkan}
 
@@ -40,12 +40,18 @@ def resolve_n_clusters(sd, n_clusters, seeded_from_data):
     return n_clusters
 
 
+def column_mean(sd):
+    """The mean row in float64, as :meth:`qkm._data.KMeansData.column_mean` sums it."""
+    n_lev = n_levels(sd.n_rows, _config.REDUCE_BLOCK_ROWS)
+    return sd.map_reduce(T.column_node, None, n_lev).vector / max(sd.n_rows, 1)
+
+
 def scaled_tolerance(sd, tol):
     """``tol`` times the mean feature variance, summed as :func:`qkm._reduce.column_variances` does."""
     if tol == 0:
         return 0.0
     n_lev = n_levels(sd.n_rows, _config.REDUCE_BLOCK_ROWS)
-    mean = sd.map_reduce(T.column_node, None, n_lev).vector / sd.n_rows
+    mean = column_mean(sd)
     variances = sd.map_reduce(T.column_node, mean, n_lev).vector / sd.n_rows
     return float(np.mean(variances) * tol)
 

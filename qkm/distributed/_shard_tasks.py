@@ -8,29 +8,26 @@ another worker starts without it, and the step that finds it missing either
 rebuilds it from the previous centres (when the driver sends them) or raises
 :class:`StateLost`, upon which the driver repeats the iteration.
 
+How centres reach the workers (packs, one operator per worker) is in :mod:`._packs`.
 Every step uses the single-machine kernels through :class:`qkm._data.KMeansData`
 built with the shard's global first row, so its sums are nodes of the fixed
 summation tree (:mod:`qkm._reduce`).
 """
 
-import collections
 import hashlib
-import threading
 import time
 
 import numpy as np
 import scipy.sparse as sp
-from numba import njit, prange
 
 from ..factorization import _kernels as K_
-from ..factorization._kernels import _JIT
 from .. import _reduce
 from .._data import KMeansData
 from ..clustering._elkan import _own_sq_distances, _pairs_pass, _set_upper
 from ..clustering._init import distinct_row_indices
 from .._shards import check_fingerprint, load_shard, shard_fingerprint
-from ..operator import DenseOperator
 from .._threads import numba_threads
+from ._packs import BufferRing, ChainPack, _make_operator, _nbytes, _operator, _unpack, compact_pack  # noqa: F401
 
 __all__ = ["Shard", "StateLost", "Partial", "combine"]
 
@@ -80,140 +77,17 @@ class Shard:
 class Partial:
     """Sums of one shard (or of a node of shards): added by :func:`combine` in the fixed tree order."""
 
-    def __init__(self, counts=None, sums=None, wcss=0.0, n_changed=0, n_pairs=0, vector=None, seconds=0.0):
+    def __init__(self, counts=None, sums=None, wcss=0.0, n_changed=0, n_pairs=0, vector=None, seconds=0.0,
+                 paths=()):
         self.counts, self.sums, self.wcss = counts, sums, float(wcss)
         self.n_changed, self.n_pairs, self.vector = int(n_changed), int(n_pairs), vector
         self.seconds = float(seconds)  # time spent in the shard tasks (diagnostics)
+        self.paths = tuple(sorted(set(paths)))  # execution paths of a factor chain's assignment (diagnostics)
 
     @property
     def nbytes(self):
         return sum(_nbytes(a) for a in (self.counts, self.sums, self.vector))
 
-
-
-def _nbytes(a):
-    if sp.issparse(a):
-        return a.data.nbytes + a.indices.nbytes + a.indptr.nbytes
-    return getattr(a, "nbytes", 0)
-
-
-def compact_pack(pack):
-    """The centres of a pack as CSR when that is at most half their dense size (values unchanged)."""
-    C = pack[0]
-    if C.ndim != 2:
-        return pack
-    row_nnz = np.empty(C.shape[0], dtype=np.int64)
-    _row_nnz(C, row_nnz)
-    if 12 * int(row_nnz.sum()) + 8 * C.shape[0] > 0.5 * C.nbytes:
-        return pack
-    indptr = np.zeros(C.shape[0] + 1, dtype=np.int64)
-    np.cumsum(row_nnz, out=indptr[1:])
-    indices = np.empty(indptr[-1], dtype=np.int32)
-    data = np.empty(indptr[-1], dtype=C.dtype)
-    _fill_csr(C, indptr, indices, data)
-    return (sp.csr_matrix((data, indices, indptr), shape=C.shape),) + tuple(pack[1:])
-
-
-@njit(parallel=True, **_JIT)
-def _row_nnz(C, out):
-    for j in prange(C.shape[0]):
-        c = 0
-        for k in range(C.shape[1]):
-            if C[j, k] != 0:
-                c += 1
-        out[j] = c
-
-
-@njit(parallel=True, **_JIT)
-def _fill_csr(C, indptr, indices, data):
-    for j in prange(C.shape[0]):
-        q = indptr[j]
-        for k in range(C.shape[1]):
-            if C[j, k] != 0:
-                indices[q] = k
-                data[q] = C[j, k]
-                q += 1
-
-
-class BufferRing:
-    """A few reused arrays per (shape, dtype), handed out in turn.
-
-    K x D arrays are allocated fresh by the OS (page faults on every page)
-    each time; reusing them keeps the per-iteration cost of a fit over shards
-    near the in-memory fit's, which also reuses its buffers. An array is
-    handed out again only ``size`` requests later, after the iterations that
-    used it are over.
-    """
-
-    def __init__(self, size=3):
-        self.size = size
-        self._rings = {}
-        self._lock = threading.Lock()
-
-    def get(self, shape, dtype):
-        key = (tuple(shape), np.dtype(dtype).str)
-        with self._lock:
-            ring, turn = self._rings.get(key, ([], 0))
-            if len(ring) < self.size:
-                ring.append(np.empty(shape, dtype=dtype))
-                buf = ring[-1]
-            else:
-                buf = ring[turn % self.size]
-            self._rings[key] = (ring, turn + 1)
-        return buf
-
-
-_RING = BufferRing()
-
-
-def _unpack(pack):
-    """Dense centres back from :func:`compact_pack` (into a reused buffer)."""
-    C = pack[0]
-    if sp.issparse(C):
-        out = _RING.get(C.shape, C.dtype)
-        out.fill(0)
-        C = C.toarray(out=out)
-    return (C,) + tuple(pack[1:])
-
-
-class _SharedOperator(DenseOperator):
-    """A DenseOperator shared by the tasks of one worker: layouts of C^T built once, under a lock."""
-
-    def __init__(self, C, c_sq):
-        super().__init__(C, c_sq)
-        self._lock = threading.RLock()
-
-    def column_nnz(self):
-        with self._lock:
-            return super().column_nnz()
-
-    def dense_transpose(self, buffer=None):
-        with self._lock:
-            if self._dense_ct is None:
-                return super().dense_transpose(_RING.get(self.C.shape[::-1], self.C.dtype))
-            return self._dense_ct
-
-    def sparse_transpose(self):
-        with self._lock:
-            return super().sparse_transpose()
-
-
-_OPERATORS = collections.OrderedDict()  # id(pack) -> (pack, operator): one per pack per worker process
-_OPERATORS_LOCK = threading.Lock()
-
-
-def _operator(pack):
-    """The centres of ``pack`` as one operator per worker, shared by all its shards."""
-    with _OPERATORS_LOCK:
-        hit = _OPERATORS.get(id(pack))
-        if hit is not None and hit[0] is pack:
-            return hit[1]
-        C, c_sq = _unpack(pack)[:2]
-        op = _SharedOperator(C, c_sq)
-        _OPERATORS[id(pack)] = (pack, op)
-        while len(_OPERATORS) > 2:
-            _OPERATORS.popitem(last=False)
-        return op
 
 
 def _add(a, b):
@@ -228,7 +102,7 @@ def _add(a, b):
 def combine(a, b):
     """``a + b`` term by term (new arrays: task inputs are never modified)."""
     return Partial(_add(a.counts, b.counts), _add(a.sums, b.sums), a.wcss + b.wcss, a.n_changed + b.n_changed,
-                   a.n_pairs + b.n_pairs, _add(a.vector, b.vector), a.seconds + b.seconds)
+                   a.n_pairs + b.n_pairs, _add(a.vector, b.vector), a.seconds + b.seconds, a.paths + b.paths)
 
 
 # --------------------------------------------------------------------------- #
@@ -270,6 +144,12 @@ def column_node(shard, mean, n_lev):
     return Partial(vector=v)
 
 
+def row_sq_total(shard, pack):
+    """``sum ||x_i||^2`` over the shard's rows: a node of the summation tree (``pack`` unused)."""
+    shard.check()
+    return Partial(wcss=shard.data.total(shard.data.x_sq))
+
+
 def rows(shard, local_rows):
     """Dense float64 rows (as ``KMeansData.row`` gives them)."""
     return np.stack([shard.data.row(int(i)) for i in local_rows]) if len(local_rows) else None
@@ -300,7 +180,7 @@ class _State:
 
 
 def _state(shard, key, it, rebuild):
-    """The shard's state after iteration ``it - 1``, rebuilt from ``rebuild`` (the centres of ``it - 1``) if lost."""
+    """The shard's state after iteration ``it - 1``, rebuilt from ``rebuild`` (the pack of ``it - 1``) if lost."""
     st = shard.state.get(key)
     if st is not None and st.it == it - 1:
         return st
@@ -308,8 +188,7 @@ def _state(shard, key, it, rebuild):
         raise StateLost(f"shard {shard.index}: state of iteration {it - 1} not on this worker")
     st = _State(shard.n_rows)
     if it > 0:
-        C, c_sq = rebuild
-        shard.data.assign(DenseOperator(C, c_sq), st.labels, st.partial)
+        shard.data.assign(_make_operator(rebuild), st.labels, st.partial)
         st.rebuilt = True
     st.it = it - 1
     shard.state[key] = st
@@ -318,25 +197,26 @@ def _state(shard, key, it, rebuild):
 
 def _finish_step(shard, st, labels_old, it, wcss, extra=None):
     n_changed = int(np.count_nonzero(st.labels != labels_old))
-    k = st.layouts.C.shape[0]
+    k = st.layouts.n_clusters
     counts, sums = shard.data.cluster_sums(st.labels, k)
     st.it = it
     return Partial(counts=counts, sums=sums, wcss=wcss, n_changed=n_changed, **(extra or {}))
 
 
 def lloyd_step(shard, pack, key, it, rebuild=None):
-    """Assign with ``pack = (C, c_sq)``, then the shard's cluster sums, sizes, WCSS and changed labels."""
+    """Assign with ``pack`` (``(C, c_sq)`` or a :class:`ChainPack`), then the shard's cluster sums, sizes, WCSS and changed labels."""
     t0 = time.perf_counter()
     shard.check()
     with shard.threads():
-        st = _state(shard, key, it, rebuild and _unpack(rebuild))
+        st = _state(shard, key, it, rebuild)
         labels_old = st.labels.copy()
         st.layouts = _operator(pack)
         st.it = -2  # mid-update
         shard.data.assign(st.layouts, st.labels, st.partial)
         st.sq = shard.data.sq_distances(st.partial)
         st.own_sq = None
-        part = _finish_step(shard, st, labels_old, it, shard.data.total(st.sq))
+        paths = (st.layouts.execution_path(shard.n_rows),) if isinstance(pack, ChainPack) else ()
+        part = _finish_step(shard, st, labels_old, it, shard.data.total(st.sq), {"paths": paths})
     part.seconds = time.perf_counter() - t0
     return part
 
@@ -360,7 +240,7 @@ def final_step(shard, pack, key, it, strict, elkan, rebuild=None):
     shard.check()
     d = shard.data
     with shard.threads():
-        st = _state(shard, key, it + 1, rebuild and _unpack(rebuild))  # the labels of the last iteration
+        st = _state(shard, key, it + 1, rebuild)  # the labels of the last iteration
         layouts = _operator(pack)
         if strict and not elkan:
             pass  # the last assignment's partials are the final ones
@@ -416,7 +296,7 @@ def elkan_count(shard, pack, key, it, rebuild=None):
     shard.check()
     C, c_sq, half_cc, s, shift = pack
     with shard.threads():
-        st = _state(shard, key, it, rebuild and _unpack(rebuild))
+        st = _state(shard, key, it, rebuild)
         n, k = shard.n_rows, C.shape[0]
         if getattr(st, "lb", None) is None:
             st.upper = np.empty(n, dtype=np.float64)

@@ -1,0 +1,187 @@
+"""How centres travel to the workers and become operators there (private; used by the shard tasks).
+
+A round's centres are one *pack*, scattered once and shared by every shard
+task of a worker: dense centres ``(C, c_sq)`` (as CSR when that is at most
+half their size, :func:`compact_pack`), or a QK-means factor chain
+(:class:`ChainPack`: the sparse factors and the mean, never the dense ``V``).
+:func:`_operator` turns a pack into one operator per worker process.
+"""
+
+import collections
+import threading
+
+import numpy as np
+import scipy.sparse as sp
+from numba import njit, prange
+
+from ..factorization._kernels import _JIT
+from ..operator import DenseOperator
+
+__all__ = ["ChainPack", "BufferRing", "compact_pack"]
+
+
+def _nbytes(a):
+    if sp.issparse(a):
+        return a.data.nbytes + a.indices.nbytes + a.indptr.nbytes
+    return getattr(a, "nbytes", 0)
+
+
+def compact_pack(pack):
+    """The centres of a pack as CSR when that is at most half their dense size (values unchanged)."""
+    C = pack[0]
+    if C.ndim != 2:
+        return pack
+    row_nnz = np.empty(C.shape[0], dtype=np.int64)
+    _row_nnz(C, row_nnz)
+    if 12 * int(row_nnz.sum()) + 8 * C.shape[0] > 0.5 * C.nbytes:
+        return pack
+    indptr = np.zeros(C.shape[0] + 1, dtype=np.int64)
+    np.cumsum(row_nnz, out=indptr[1:])
+    indices = np.empty(indptr[-1], dtype=np.int32)
+    data = np.empty(indptr[-1], dtype=C.dtype)
+    _fill_csr(C, indptr, indices, data)
+    return (sp.csr_matrix((data, indices, indptr), shape=C.shape),) + tuple(pack[1:])
+
+
+@njit(parallel=True, **_JIT)
+def _row_nnz(C, out):
+    for j in prange(C.shape[0]):
+        c = 0
+        for k in range(C.shape[1]):
+            if C[j, k] != 0:
+                c += 1
+        out[j] = c
+
+
+@njit(parallel=True, **_JIT)
+def _fill_csr(C, indptr, indices, data):
+    for j in prange(C.shape[0]):
+        q = indptr[j]
+        for k in range(C.shape[1]):
+            if C[j, k] != 0:
+                indices[q] = k
+                data[q] = C[j, k]
+                q += 1
+
+
+class BufferRing:
+    """A few reused arrays per (shape, dtype), handed out in turn.
+
+    K x D arrays are allocated fresh by the OS (page faults on every page)
+    each time; reusing them keeps the per-iteration cost of a fit over shards
+    near the in-memory fit's, which also reuses its buffers. An array is
+    handed out again only ``size`` requests later, after the iterations that
+    used it are over.
+    """
+
+    def __init__(self, size=3):
+        self.size = size
+        self._rings = {}
+        self._lock = threading.Lock()
+
+    def get(self, shape, dtype):
+        key = (tuple(shape), np.dtype(dtype).str)
+        with self._lock:
+            ring, turn = self._rings.get(key, ([], 0))
+            if len(ring) < self.size:
+                ring.append(np.empty(shape, dtype=dtype))
+                buf = ring[-1]
+            else:
+                buf = ring[turn % self.size]
+            self._rings[key] = (ring, turn + 1)
+        return buf
+
+
+_RING = BufferRing()
+
+
+def _unpack(pack):
+    """Dense centres back from :func:`compact_pack` (into a reused buffer)."""
+    C = pack[0]
+    if sp.issparse(C):
+        out = _RING.get(C.shape, C.dtype)
+        out.fill(0)
+        C = C.toarray(out=out)
+    return (C,) + tuple(pack[1:])
+
+
+class _SharedOperator(DenseOperator):
+    """A DenseOperator shared by the tasks of one worker: layouts of C^T built once, under a lock."""
+
+    def __init__(self, C, c_sq):
+        super().__init__(C, c_sq)
+        self._lock = threading.RLock()
+
+    def column_nnz(self):
+        with self._lock:
+            return super().column_nnz()
+
+    def dense_transpose(self, buffer=None):
+        with self._lock:
+            if self._dense_ct is None:
+                return super().dense_transpose(_RING.get(self.C.shape[::-1], self.C.dtype))
+            return self._dense_ct
+
+    def sparse_transpose(self):
+        with self._lock:
+            return super().sparse_transpose()
+
+
+class ChainPack:
+    """The centroids of a QK-means step as sent to the workers: the sparse factors (and the mean), never ``V``.
+
+    Parameters
+    ----------
+    factors : list of scipy.sparse.csr_matrix
+    mean : ndarray of shape (n_features,) or None
+    dtype : numpy dtype
+        The data's precision (the operator's).
+    """
+
+    def __init__(self, factors, mean, dtype):
+        self.factors, self.mean, self.dtype = list(factors), mean, np.dtype(dtype)
+
+    @property
+    def nbytes(self):
+        return sum(_nbytes(f) for f in self.factors) + _nbytes(self.mean)
+
+
+_CALIBRATION = {}  # one measured choice of chain path per worker process (bit-identical paths only)
+
+
+def _chain_operator(pack):
+    from ..factorization._chain_calibration import ChainCalibration
+    from ..operator import FactorChainOperator
+
+    calibration = _CALIBRATION.setdefault("chain", ChainCalibration(bit_identical=True))
+    op = FactorChainOperator(pack.factors, dtype=pack.dtype, calibration=calibration, mean=pack.mean)
+    _CALIBRATION["chain"] = op.calibration  # a new one when the chain's shape changed
+    return op
+
+
+def _make_operator(pack):
+    """The operator of a pack: a factor chain (:class:`ChainPack`) or dense centres ``(C, c_sq)``."""
+    if isinstance(pack, ChainPack):
+        return _chain_operator(pack)
+    C, c_sq = _unpack(pack)[:2]
+    return DenseOperator(C, c_sq)
+
+
+_OPERATORS = collections.OrderedDict()  # id(pack) -> (pack, operator): one per pack per worker process
+_OPERATORS_LOCK = threading.Lock()
+
+
+def _operator(pack):
+    """The centres of ``pack`` as one operator per worker, shared by all its shards."""
+    with _OPERATORS_LOCK:
+        hit = _OPERATORS.get(id(pack))
+        if hit is not None and hit[0] is pack:
+            return hit[1]
+        if isinstance(pack, ChainPack):
+            op = _chain_operator(pack)
+        else:
+            op = _SharedOperator(*_unpack(pack)[:2])
+        _OPERATORS[id(pack)] = (pack, op)
+        while len(_OPERATORS) > 2:
+            _OPERATORS.popitem(last=False)
+        return op
