@@ -99,10 +99,10 @@ def _failing(func):
 
 
 @_failing
-def train_sharded(args, make_estimator, progress_bar):
+def train_sharded(args, make_estimator, timed_fit):
     """``qkm train DIR --scheduler ...``: fit on the cluster, then write the model like ``qkm train``.
 
-    ``make_estimator(args, init)`` and ``progress_bar(total)`` are the ones of :mod:`qkm.cli`.
+    ``make_estimator(args, init)`` and ``timed_fit(est, data, args)`` are the ones of :mod:`qkm.cli`.
     """
     from .export import save_model
     from .io import save_centroids
@@ -120,14 +120,7 @@ def train_sharded(args, make_estimator, progress_bar):
 
     with connect(args.scheduler) as client:
         sd = ShardedData(args.data, client)
-        progress = None if (args.verbose or args.quiet) else progress_bar(est.max_iter)
-        t0 = time.perf_counter()
-        try:
-            est.fit(sd, callback=progress)
-        finally:
-            if progress is not None:
-                progress.close()
-        elapsed = time.perf_counter() - t0
+        elapsed = timed_fit(est, sd, args)
         labels_paths = sd.write_labels(_labels_name(args.labels)) if args.labels else []
         workers = len(client.scheduler_info()["workers"])
     save_model(est, args.output, extra_metadata={

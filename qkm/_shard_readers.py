@@ -20,7 +20,8 @@ import numpy as np
 import scipy.sparse as sp
 from sklearn.datasets import load_svmlight_file
 
-from . import io as qio
+from . import _readers as rd
+from .io import load_data
 
 __all__ = ["iter_blocks", "BLOCK_LINES"]
 
@@ -31,7 +32,7 @@ BLOCK_LINES = 65536
 def _relined(path, exc, first_line):
     """``exc`` raised on a block of lines starting at ``first_line``, with file-level line numbers."""
     line = None if exc.line is None else exc.line + first_line - 1
-    return qio.DataFormatError(path, exc.problem, line=line)
+    return rd.DataFormatError(path, exc.problem, line=line)
 
 
 def _line_blocks(f, n_lines):
@@ -48,7 +49,7 @@ def _line_blocks(f, n_lines):
 def _dense_rows(path, a, dtype, block):
     """Blocks of rows of a 2-D (possibly memory-mapped) array."""
     if a.ndim != 2 or a.shape[0] == 0 or a.dtype.kind not in "biuf":
-        qio._dense(path, a[:0] if a.ndim == 2 and a.shape[0] else a, dtype)  # raises the loader's error
+        rd._dense(path, a[:0] if a.ndim == 2 and a.shape[0] else a, dtype)  # raises the loader's error
     for start in range(0, a.shape[0], block):
         yield np.ascontiguousarray(a[start:start + block], dtype=dtype), None
 
@@ -56,23 +57,23 @@ def _dense_rows(path, a, dtype, block):
 def _npy_blocks(path, dtype, block):
     a = np.load(path, mmap_mode="r", allow_pickle=False)
     if not isinstance(a, np.ndarray):
-        raise qio.DataFormatError(path, "is an .npz archive, not an .npy file")
+        raise rd.DataFormatError(path, "is an .npz archive, not an .npy file")
     yield from _dense_rows(path, a, dtype, block)
 
 
 def _idx_blocks(f, path, dtype, block):
     head = f.read(4)
-    if len(head) < 4 or head[0] or head[1] or head[2] not in qio._IDX_DTYPES or head[3] == 0:
-        raise qio.DataFormatError(path, f"bad magic number 0x{head.hex()} (not an IDX file)")
-    ndim, dt = head[3], np.dtype(qio._IDX_DTYPES[head[2]])
+    if len(head) < 4 or head[0] or head[1] or head[2] not in rd._IDX_DTYPES or head[3] == 0:
+        raise rd.DataFormatError(path, f"bad magic number 0x{head.hex()} (not an IDX file)")
+    ndim, dt = head[3], np.dtype(rd._IDX_DTYPES[head[2]])
     raw = f.read(4 * ndim)
     if len(raw) < 4 * ndim:
-        raise qio.DataFormatError(path, "truncated IDX header")
+        raise rd.DataFormatError(path, "truncated IDX header")
     shape = tuple(int.from_bytes(raw[4 * i:4 * i + 4], "big") for i in range(ndim))
     if ndim == 1:
-        raise qio.DataFormatError(path, "holds a 1-D IDX array (labels), not images; use load_labels")
+        raise rd.DataFormatError(path, "holds a 1-D IDX array (labels), not images; use load_labels")
     if shape[0] == 0:
-        raise qio.DataFormatError(path, "holds no rows")
+        raise rd.DataFormatError(path, "holds no rows")
     row_bytes = math.prod(shape[1:]) * dt.itemsize
     expected = 4 + 4 * ndim + shape[0] * row_bytes
     for start in range(0, shape[0], block):
@@ -80,11 +81,11 @@ def _idx_blocks(f, path, dtype, block):
         buf = f.read(rows * row_bytes)
         if len(buf) < rows * row_bytes:
             got = 4 + 4 * ndim + start * row_bytes + len(buf)
-            raise qio.DataFormatError(path, f"header announces shape {shape} ({expected} bytes) "
+            raise rd.DataFormatError(path, f"header announces shape {shape} ({expected} bytes) "
                                             f"but the file holds {got} bytes")
         yield np.frombuffer(buf, dt).reshape(rows, -1).astype(dtype), None
     if f.read(1):
-        raise qio.DataFormatError(path, f"header announces shape {shape} ({expected} bytes) "
+        raise rd.DataFormatError(path, f"header announces shape {shape} ({expected} bytes) "
                                         "but the file holds more bytes")
 
 
@@ -92,7 +93,7 @@ def _csv_blocks(f, path, dtype, block):
     header = f.readline()
     first_line = 1
     cells = header.decode("utf-8", "replace").split(",")
-    if not header.strip() or any(map(qio._is_number, cells)):  # no header line (load_data's rule)
+    if not header.strip() or any(map(rd._is_number, cells)):  # no header line (load_data's rule)
         blocks = itertools.chain([(1, header)], ((a + 1, b) for a, b in _line_blocks(f, block)))
     else:
         first_line = 2
@@ -101,19 +102,19 @@ def _csv_blocks(f, path, dtype, block):
     any_rows = False
     for first, buf in blocks:
         try:
-            X, _ = qio._load_csv(_bytes_io.BytesIO(buf), path, dtype)
-        except qio.DataFormatError as exc:
+            X, _ = rd._load_csv(_bytes_io.BytesIO(buf), path, dtype)
+        except rd.DataFormatError as exc:
             if exc.problem == "holds no rows":
                 continue
             raise _relined(path, exc, first) from None
         if n_cols is not None and X.shape[1] != n_cols:
-            raise qio.DataFormatError(path, f"has {X.shape[1]} columns, expected {n_cols} (as on line "
+            raise rd.DataFormatError(path, f"has {X.shape[1]} columns, expected {n_cols} (as on line "
                                             f"{first_line})", line=first)
         n_cols = X.shape[1]
         any_rows = True
         yield X, None
     if not any_rows:
-        raise qio.DataFormatError(path, "holds no rows")
+        raise rd.DataFormatError(path, "holds no rows")
 
 
 def _svmlight_blocks(f, path, dtype, block, zero_based):
@@ -125,19 +126,19 @@ def _svmlight_blocks(f, path, dtype, block, zero_based):
         except ValueError as exc:
             for offset, raw in enumerate(buf.splitlines(keepends=True)):
                 try:
-                    qio._svmlight_line(raw, zero_based)
+                    rd._svmlight_line(raw, zero_based)
                 except ValueError as bad:
-                    raise qio.DataFormatError(path, str(bad), line=first + offset) from exc
-            raise qio.DataFormatError(path, str(exc)) from exc
+                    raise rd.DataFormatError(path, str(bad), line=first + offset) from exc
+            raise rd.DataFormatError(path, str(exc)) from exc
         if X.shape[0] == 0:
             continue
         if zero_based is False and X.nnz and X.indices.min() == 0:
             line = first + _first_line_with_index_zero(buf)
-            raise qio.DataFormatError(path, "feature index 0 is out of range (indices are 1-based)", line=line)
+            raise rd.DataFormatError(path, "feature index 0 is out of range (indices are 1-based)", line=line)
         any_rows = True
-        yield qio._sparse(path, X, dtype), np.asarray(y, dtype=np.float64)
+        yield rd._sparse(path, X, dtype), np.asarray(y, dtype=np.float64)
     if not any_rows:
-        raise qio.DataFormatError(path, "holds no rows")
+        raise rd.DataFormatError(path, "holds no rows")
 
 
 def _first_line_with_index_zero(buf):
@@ -166,7 +167,7 @@ def _npz_blocks(path, dtype, block):
     try:
         z = zipfile.ZipFile(path)
     except (zipfile.BadZipFile, OSError) as exc:
-        raise qio.DataFormatError(path, f"cannot be read as npz: {exc}") from exc
+        raise rd.DataFormatError(path, f"cannot be read as npz: {exc}") from exc
     with z:
         names = {n[:-4] for n in z.namelist() if n.endswith(".npy")}
         if "format" in names:
@@ -174,15 +175,15 @@ def _npz_blocks(path, dtype, block):
             fmt = fmt.decode() if isinstance(fmt, bytes) else str(fmt)
             if fmt != "csr" or not {"indptr", "indices", "data", "shape"} <= names:
                 # other sparse layouts have no row order on disk: read whole, then cut
-                X, y = qio.load_data(path, format="npz", dtype=dtype)
+                X, y = load_data(path, format="npz", dtype=dtype)
                 yield from _cut(X, y, block)
                 return
             shape = tuple(int(v) for v in np.load(z.open("shape.npy"), allow_pickle=False))
             indptr = np.load(z.open("indptr.npy"), allow_pickle=False).astype(np.int64)
             if shape[0] == 0:
-                raise qio.DataFormatError(path, "holds no rows")
+                raise rd.DataFormatError(path, "holds no rows")
             if indptr.shape[0] != shape[0] + 1 or indptr[0] != 0 or np.any(np.diff(indptr) < 0):
-                raise qio.DataFormatError(path, "malformed CSR indptr")
+                raise rd.DataFormatError(path, "malformed CSR indptr")
             fi, _, dt_i, _ = _npz_member(z, "indices")
             fd, _, dt_d, _ = _npz_member(z, "data")
             with fi, fd:
@@ -191,14 +192,14 @@ def _npz_blocks(path, dtype, block):
                     count = int(indptr[stop] - indptr[start])
                     ind, dat = _read_exact(fi, dt_i, count), _read_exact(fd, dt_d, count)
                     if ind.shape[0] < count or dat.shape[0] < count:
-                        raise qio.DataFormatError(path, "CSR arrays are shorter than indptr announces")
+                        raise rd.DataFormatError(path, "CSR arrays are shorter than indptr announces")
                     if count and (ind.min() < 0 or ind.max() >= shape[1]):
-                        raise qio.DataFormatError(path, f"column index out of range [0, {shape[1]})")
+                        raise rd.DataFormatError(path, f"column index out of range [0, {shape[1]})")
                     m = sp.csr_matrix((dat, ind, indptr[start:stop + 1] - indptr[start]), shape=(stop - start, shape[1]))
-                    yield qio._sparse(path, m, dtype), None
+                    yield rd._sparse(path, m, dtype), None
             return
         if "X" not in names:
-            raise qio.DataFormatError(path, "holds neither a scipy.sparse matrix (save_npz) nor an "
+            raise rd.DataFormatError(path, "holds neither a scipy.sparse matrix (save_npz) nor an "
                                             f"array named 'X' (found {sorted(names)})")
         y = np.load(z.open("y.npy"), allow_pickle=False) if "y" in names else None
         f, shape, dt, fortran = _npz_member(z, "X")
@@ -208,14 +209,14 @@ def _npz_blocks(path, dtype, block):
                 yield from _dense_rows(path, X, dtype, block)
                 return
             if shape[0] == 0:
-                raise qio.DataFormatError(path, "holds no rows")
+                raise rd.DataFormatError(path, "holds no rows")
             if dt.kind not in "biuf":
-                raise qio.DataFormatError(path, f"holds non-numeric data (dtype {dt})")
+                raise rd.DataFormatError(path, f"holds non-numeric data (dtype {dt})")
             for start in range(0, shape[0], block):
                 rows = min(block, shape[0] - start)
                 a = _read_exact(f, dt, rows * shape[1])
                 if a.shape[0] < rows * shape[1]:
-                    raise qio.DataFormatError(path, "array X is shorter than its header announces")
+                    raise rd.DataFormatError(path, "array X is shorter than its header announces")
                 yield a.reshape(rows, shape[1]).astype(dtype), (None if y is None else y[start:start + rows])
 
 
@@ -231,18 +232,18 @@ def iter_blocks(path, fmt, dtype, block=BLOCK_LINES, zero_based="auto"):
     caller subtracts 1 at the end when the file turns out to be 1-based.
     """
     if fmt == "npy":
-        if qio._split_name(path)[1]:
-            raise qio.DataFormatError(path, "npy files cannot be read compressed; decompress the file first")
+        if rd._split_name(path)[1]:
+            raise rd.DataFormatError(path, "npy files cannot be read compressed; decompress the file first")
         yield from _npy_blocks(path, dtype, block)
         return
     if fmt == "npz":
         yield from _npz_blocks(path, dtype, block)
         return
     if fmt == "mtx":
-        X, y = qio.load_data(path, format="mtx", dtype=dtype)
+        X, y = load_data(path, format="mtx", dtype=dtype)
         yield from _cut(X, y, block)
         return
-    with qio._reading(path, fmt) as f:
+    with rd._reading(path, fmt) as f:
         if fmt == "idx":
             yield from _idx_blocks(f, path, dtype, block)
         elif fmt == "csv":
@@ -253,9 +254,9 @@ def iter_blocks(path, fmt, dtype, block=BLOCK_LINES, zero_based="auto"):
 
 def guess_format(path, fmt=None):
     """The format ``load_data`` would use for ``path``."""
-    fmt = qio._guess_format(qio._split_name(path)[0]) if fmt is None else fmt
-    if fmt not in qio.FORMATS:
-        raise ValueError(f"format must be one of {qio.FORMATS} or None, got {fmt!r}")
+    fmt = rd._guess_format(rd._split_name(path)[0]) if fmt is None else fmt
+    if fmt not in rd.FORMATS:
+        raise ValueError(f"format must be one of {rd.FORMATS} or None, got {fmt!r}")
     if not os.path.exists(path):
         raise FileNotFoundError(f"No such file: {os.fspath(path)!r}")
     return fmt

@@ -10,6 +10,7 @@ import numbers
 
 import numpy as np
 import scipy.sparse as sp
+from sklearn.utils.validation import check_is_fitted
 
 __all__ = [
     "check_data",
@@ -39,6 +40,59 @@ def _check_finite(values, what):
             f"{what} contains {n_nan} NaN and {n_inf} infinite value(s); "
             "remove or impute them before clustering."
         )
+
+
+def row_norm_bound(dtype, centroid_sq_norms=None, accumulate_dtype=np.float64):
+    """Largest Euclidean row norm whose distances ``||x||^2 - 2 x.v + ||v||^2`` stay finite.
+
+    The squares are accumulated in ``accumulate_dtype`` and the products ``x.v`` are
+    formed in ``dtype``. A margin of 64 covers the sums. Without ``centroid_sq_norms``
+    (at fit time), the centres are means of the rows, so ``||v||`` is at most the bound.
+    Realistic data are orders of magnitude below the bound.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> f"{row_norm_bound(np.float32):.3g}", f"{row_norm_bound(np.float64):.3g}"
+    ('2.31e+18', '1.68e+153')
+    """
+    accumulate = float(np.finfo(accumulate_dtype).max)
+    products = float(np.finfo(dtype).max)
+    if centroid_sq_norms is None or np.size(centroid_sq_norms) == 0:
+        return min(math.sqrt(accumulate / 64), math.sqrt(products / 64))
+    largest = math.sqrt(float(np.max(centroid_sq_norms)))
+    return min(math.sqrt(accumulate / 64), products / 64 / max(largest, 1.0))
+
+
+def check_row_norms(X, max_norm, dtype, what="X"):
+    """``ValueError`` naming the first row whose Euclidean norm exceeds ``max_norm``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> check_row_norms(np.array([[3.0, 4.0]]), 10.0, np.float64)
+    >>> check_row_norms(np.array([[3.0, 4.0], [1e200, 0.0]]), 10.0, np.float64)
+    Traceback (most recent call last):
+    ...
+    ValueError: numeric overflow: row 1 has Euclidean norm 1e+200, too large for float64 arithmetic (distances would overflow above 10); scale the data down.
+    """
+    values = X.data if sp.issparse(X) else X
+    if values.size == 0 or max(float(values.max()), -float(values.min())) * math.sqrt(X.shape[1]) <= max_norm:
+        return  # the common case: no norm needed
+    # norms without overflow: each row scaled by its largest magnitude first
+    X = (sp.csr_matrix(X, dtype=np.float64) if sp.issparse(X) else np.asarray(X, dtype=np.float64))
+    scale = (abs(X).max(axis=1).toarray().ravel() if sp.issparse(X) else np.abs(X).max(axis=1))
+    scale[scale == 0] = 1.0
+    scaled = sp.diags(1.0 / scale) @ X if sp.issparse(X) else X / scale[:, None]
+    sums = np.asarray(scaled.multiply(scaled).sum(axis=1)).ravel() if sp.issparse(X) else (scaled**2).sum(axis=1)
+    with np.errstate(over="ignore"):
+        norms = scale * np.sqrt(sums)
+    bad = np.flatnonzero(~(norms <= max_norm))
+    if bad.size:
+        where = "row" if what == "X" else f"{what} row"
+        raise ValueError(f"numeric overflow: {where} {int(bad[0])} has Euclidean norm {float(norms[bad[0]]):.3g}, "
+                         f"too large for {np.dtype(dtype)} arithmetic (distances would overflow above "
+                         f"{max_norm:.3g}); scale the data down.")
 
 
 def _check_csr(X, what):
@@ -140,6 +194,7 @@ def check_data(X, *, dtype=None, what="X", min_samples=1, copy=False):
         raise ValueError(f"{what} has {n_samples} sample(s); at least {min_samples} required.")
     if n_features < 1:
         raise ValueError(f"Found array with 0 feature(s) (shape={X.shape}) while a minimum of 1 is required ({what}).")
+    check_row_norms(X, row_norm_bound(X.dtype), X.dtype, what)
     return X
 
 
@@ -159,6 +214,17 @@ def check_feature_count(X, n_features_expected, what="X", estimator="the model")
             f"{what} has {X.shape[1]} features, but {estimator} is expecting {n_features_expected} features "
             "as input (the number it was fitted with)."
         )
+
+
+def check_fitted_data(estimator, X, attribute, dtype=None):
+    """Test-time data of a fitted ``estimator``: fitted (``attribute`` set), valid, with the fitted feature count.
+
+    ``dtype=None`` keeps float32 input as float32 (else float64), as :func:`check_data` does.
+    """
+    check_is_fitted(estimator, attribute)
+    X = check_data(X, dtype=dtype)
+    check_feature_count(X, estimator.n_features_in_, estimator=type(estimator).__name__)
+    return X
 
 
 def check_init_array(init, n_clusters, n_features, dtype):

@@ -66,6 +66,18 @@ def _load(path, fmt=None, n_features=None):
     return X, y
 
 
+def _timed_fit(est, data, args):
+    """``est.fit(data)`` with a progress bar unless ``--verbose``/``--quiet``; returns the wall-clock seconds."""
+    progress = None if (args.verbose or args.quiet) else ProgressBar(est.max_iter)
+    t0 = time.perf_counter()
+    try:
+        est.fit(data, callback=progress)
+    finally:
+        if progress is not None:
+            progress.close()
+    return time.perf_counter() - t0
+
+
 def _make_estimator(args, init):
     """The estimator ``qkm train`` fits, from its arguments."""
     from . import KMeans, LowRankKMeans, QKMeans
@@ -102,7 +114,7 @@ def _cmd_train(args):
     if args.scheduler:  # on a Dask cluster, over the shards of a `qkm shard` directory
         from ._cli_distributed import train_sharded
 
-        return train_sharded(args, _make_estimator, ProgressBar)
+        return train_sharded(args, _make_estimator, _timed_fit)
     X, y_file = _load(args.data, args.format)
     init = args.init
     if init not in SEEDINGS:
@@ -112,14 +124,7 @@ def _cmd_train(args):
         raise ValueError(f"{args.data} holds {n_distinct} distinct row(s), fewer than the {args.k} clusters "
                          f"asked for: choose -k {n_distinct} or less.")
     est = _make_estimator(args, init)
-    progress = None if (args.verbose or args.quiet) else ProgressBar(est.max_iter)
-    t0 = time.perf_counter()
-    try:
-        est.fit(X, callback=progress)
-    finally:
-        if progress is not None:
-            progress.close()
-    elapsed = time.perf_counter() - t0
+    elapsed = _timed_fit(est, X, args)
     if args.verbose:  # the best run's seeding: its potential on the training data and its time
         first = est.history_[0]
         print(f"seeding: {first['seeding']} cost={first['seeding_cost']:.10g} "

@@ -17,7 +17,6 @@ probed lists.
 import numbers
 
 import numpy as np
-import scipy.sparse as sp
 from sklearn.base import BaseEstimator, clone
 from sklearn.utils import check_random_state
 from sklearn.utils.validation import check_is_fitted
@@ -27,7 +26,7 @@ from .approximate._index import (HEAD_DIMS, TAIL_BLOCKS, BLOCK_DIMS, InvertedLis
                      coordinates, fit_basis, fit_quantizer, nearest_clusters, probe_lists)
 from .approximate._index_state import export_state, import_state
 from ._threads import effective_n_threads, numba_threads
-from ._validation import check_data, check_feature_count
+from ._validation import check_data, check_feature_count, check_fitted_data
 
 __all__ = ["ClusterIndex"]
 
@@ -268,9 +267,7 @@ class ClusterIndex(BaseEstimator):
         if type(X) is np.ndarray and X.ndim == 2 and X.dtype.kind == "f" and X.dtype.itemsize in (4, 8) \
                 and X.shape[0] >= 1 and X.shape[1] == self.n_features_in_ and self._lists.centers is not None:
             return X, int(k), nprobe  # the kernels flag rows that are not finite (then validated in full)
-        X = check_data(X)
-        check_feature_count(X, self.n_features_in_, estimator=type(self).__name__)
-        return X, int(k), nprobe
+        return check_fitted_data(self, X, "operator_"), int(k), nprobe
 
     def _given(self, X):
         """The queries' distances to the lists when the lists are the model's clusters, else None."""

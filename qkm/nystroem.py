@@ -21,7 +21,7 @@ from . import _config
 from .clustering._base import check_export_header, is_int, operator_of
 from .approximate._nystroem import heuristic_gamma, inverse_sqrt_psd, rbf_to_landmarks, row_sq_norms
 from ._threads import effective_n_threads, numba_threads
-from ._validation import check_data, check_feature_count
+from ._validation import check_data, check_feature_count, check_fitted_data
 from .factorization._operator_base import DenseOperator
 
 __all__ = ["Nystroem", "kernel_approximation_error"]
@@ -253,9 +253,7 @@ class Nystroem(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator)
         -------
         features : ndarray of shape (n_samples, n_components_), float64
         """
-        check_is_fitted(self, "normalization_")
-        X = check_data(X)
-        check_feature_count(X, self.n_features_in_, estimator=type(self).__name__)
+        X = check_fitted_data(self, X, "normalization_")
         return self._transform(X)
 
     def _transform(self, X):
@@ -362,10 +360,8 @@ def kernel_approximation_error(nystroem, X, gamma=None):
     >>> kernel_approximation_error(ny, X) < 1e-6   # every row is a landmark: exact
     True
     """
-    check_is_fitted(nystroem, "normalization_")
+    X = check_fitted_data(nystroem, X, "normalization_", dtype=np.float64)
     gamma = nystroem.gamma_ if gamma is None else _check_gamma(gamma)
-    X = check_data(X, dtype=np.float64)
-    check_feature_count(X, nystroem.n_features_in_, estimator=type(nystroem).__name__)
     phi = nystroem._transform(X)
     sq = row_sq_norms(X)
     n = X.shape[0]

@@ -14,6 +14,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from qkm._threads import numba_threads
+from qkm._validation import row_norm_bound
 
 __all__ = ["InferenceBackend", "load_model_file"]
 
@@ -109,10 +110,8 @@ class InferenceBackend:
         training rows, which lie near their centroids). Realistic data is
         orders of magnitude below it.
         """
-        accumulate = np.finfo(np.float32 if self._session is not None else np.float64).max
-        products = np.finfo(self.dtype).max
-        largest_centroid = float(np.sqrt(np.max(self.model.sq_norms)))
-        return float(min(np.sqrt(accumulate / 64), products / 64 / max(largest_centroid, 1.0)))
+        accumulate = np.float32 if self._session is not None else np.float64
+        return row_norm_bound(self.dtype, self.model.sq_norms, accumulate)
 
     @property
     def has_index(self):

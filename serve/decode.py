@@ -20,13 +20,13 @@ CSR) rows with the model's feature count, finite values and at most
 
 import io
 import json
-import math
 from itertools import chain
 
 import numpy as np
 import scipy.sparse as sp
 
 from qkm._validation import check_data, check_feature_count
+from qkm._validation import check_row_norms as _check_row_norms
 
 from .errors import RequestError
 
@@ -287,23 +287,10 @@ def check_row_norms(X, max_norm, dtype):
     ...     print(exc.status, str(exc)[:60])
     400 numeric overflow: row 1 has Euclidean norm 1e+200, too large
     """
-    values = X.data if sp.issparse(X) else X
-    if values.size == 0 or float(np.abs(values).max()) * math.sqrt(X.shape[1]) <= max_norm:
-        return  # the common case: one pass, no norm needed
-    # norms without overflow: each row scaled by its largest magnitude first
-    X = (sp.csr_matrix(X, dtype=np.float64) if sp.issparse(X) else np.asarray(X, dtype=np.float64))
-    scale = (abs(X).max(axis=1).toarray().ravel() if sp.issparse(X) else np.abs(X).max(axis=1))
-    scale[scale == 0] = 1.0
-    scaled = sp.diags(1.0 / scale) @ X if sp.issparse(X) else X / scale[:, None]
-    sums = np.asarray(scaled.multiply(scaled).sum(axis=1)).ravel() if sp.issparse(X) else (scaled**2).sum(axis=1)
-    with np.errstate(over="ignore"):
-        norms = scale * np.sqrt(sums)
-    bad = np.flatnonzero(~(norms <= max_norm))
-    if bad.size:
-        raise RequestError(400, f"numeric overflow: row {int(bad[0])} has Euclidean norm "
-                                f"{float(norms[bad[0]]):.3g}, too large for the model's "
-                                f"{np.dtype(dtype)} arithmetic (its distances would overflow above "
-                                f"{max_norm:.3g}); scale the data down.")
+    try:
+        _check_row_norms(X, max_norm, dtype)
+    except ValueError as exc:
+        raise RequestError(400, str(exc)) from None
 
 
 def int_param(value, name, *, low, high, default=None, text=True):

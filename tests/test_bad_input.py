@@ -677,3 +677,31 @@ def test_row_1_demo_model_is_package_data():
     assert files("qkm.models").joinpath("fashion_mnist_qkmeans.qkm").is_file()
     assert demo_model_path() == files("qkm.models").joinpath("fashion_mnist_qkmeans.qkm")
 
+
+
+@pytest.mark.parametrize("sparse", [False, True])
+def test_row_3_in_process_overflowing_rows_are_refused_not_labelled(sparse):
+    """In process too: a finite row whose distances would overflow is a ValueError at fit and at predict,
+    not label 0 (the service's bound is the same function of the centres and dtypes)."""
+    from qkm import KMeans, QKMeans
+    from qkm._validation import row_norm_bound
+
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((60, 5))
+    wrap = sp.csr_matrix if sparse else np.asarray
+    huge = np.full((2, 5), 1e200)
+    for est in (KMeans(3, n_init=1, random_state=0), QKMeans(3, n_factors=2, random_state=0)):
+        with pytest.raises(ValueError, match="numeric overflow"):
+            est.fit(wrap(np.vstack([X, huge])))
+        est.fit(wrap(X))
+        with pytest.raises(ValueError, match="numeric overflow: row 1 "):
+            est.predict(wrap(np.vstack([X[:1], huge[:1]])))
+        for method in (est.transform, est.score):
+            with pytest.raises(ValueError, match="numeric overflow"):
+                method(wrap(huge))
+        # rows just below the bound still get the brute-force labels
+        bound = row_norm_bound(np.float64, est.operator_.row_sq_norms())
+        big = rng.standard_normal((4, 5))
+        big *= 0.5 * bound / np.linalg.norm(big, axis=1, keepdims=True)
+        V = est.operator_.to_dense()
+        np.testing.assert_array_equal(est.predict(wrap(big)), np.argmin(-2 * big @ V.T + (V**2).sum(axis=1), axis=1))

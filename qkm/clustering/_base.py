@@ -17,7 +17,7 @@ from ._init import distinct_row_indices
 from ..factorization._operator_base import CentroidOperator
 from ._seeding import SEEDINGS, Seeding, Seeds, potential, run_seeding
 from .._threads import effective_n_threads, numba_threads
-from .._validation import check_data, check_feature_count, check_init_array, check_n_clusters
+from .._validation import check_data, check_fitted_data, check_row_norms, row_norm_bound, check_init_array, check_n_clusters
 
 __all__ = ["OperatorClusterMixin", "resolve_n_clusters", "run_random_states", "is_int", "check_nonnegative_float", "check_init",
            "check_seeding", "seeding_of", "check_verbose", "initial_centers"]
@@ -158,8 +158,9 @@ class OperatorClusterMixin(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Cl
 
     def _check_test_data(self, X):
         check_is_fitted(self, "operator_")
-        X = check_data(X, dtype=self.operator_.dtype)
-        check_feature_count(X, self.n_features_in_, estimator=type(self).__name__)
+        X = check_fitted_data(self, X, "operator_", dtype=self.operator_.dtype)
+        # the fitted centres bound the rows whose distances stay finite (a row of 1e300s would give label 0)
+        check_row_norms(X, row_norm_bound(X.dtype, self.operator_.row_sq_norms()), X.dtype)
         return X
 
     def _assign(self, X):

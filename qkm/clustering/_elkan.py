@@ -21,7 +21,7 @@ import numpy as np
 from .. import _config
 from ..factorization import _kernels as K_
 from ..factorization._operator_base import DenseOperator
-from ._stopping import IterationLog, StoppingRule
+from ._lloyd import loop_state
 
 
 def _half_center_distances(C, c_sq, err_rel):
@@ -44,16 +44,11 @@ def kmeans_single_elkan(data, centers_init, *, max_iter, tol, tol_wcss=0.0, verb
     """
     n = data.n_samples
     k = centers_init.shape[0]
-    layouts = DenseOperator(np.array(centers_init, dtype=data.dtype, order="C", copy=True))
-    labels = np.zeros(n, dtype=np.int32)
-    labels_old = np.full(n, -1, dtype=np.int32)
-    partial = np.empty(n, dtype=np.float64)
+    layouts, labels, labels_old, partial, rule, log = loop_state(data, centers_init, tol, tol_wcss, verbose, log)
     upper = np.empty(n, dtype=np.float64)
     lb = np.zeros((n, k), dtype=np.float64)
     counts_i = np.empty(n, dtype=np.int64)
     err = data.err_rel
-    rule = StoppingRule(tol, tol_wcss)
-    log = log if log is not None else IterationLog(verbose)
     # exact centre-centre distances every iteration only while they are cheap
     # next to one pass over the data; otherwise keep them as drifting bounds
     cc_exact_every_iter = k * data.n_features <= 0.25 * data.nnz

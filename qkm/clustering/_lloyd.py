@@ -12,6 +12,19 @@ from ..factorization._operator_base import DenseOperator
 from ._stopping import IterationLog, StoppingRule
 
 
+def loop_state(data, centers_init, tol, tol_wcss, verbose, log):
+    """What every exact Lloyd-type loop starts from: a private copy of the centres as a
+    :class:`DenseOperator`, label buffers (current and previous), the per-row partial distances,
+    the stopping rule and the iteration log."""
+    n = data.n_samples
+    layouts = DenseOperator(np.array(centers_init, dtype=data.dtype, order="C", copy=True))
+    labels = np.zeros(n, dtype=np.int32)
+    labels_old = np.full(n, -1, dtype=np.int32)
+    partial = np.empty(n, dtype=np.float64)
+    return (layouts, labels, labels_old, partial, StoppingRule(tol, tol_wcss),
+            log if log is not None else IterationLog(verbose))
+
+
 def kmeans_single_lloyd(data, centers_init, *, max_iter, tol, tol_wcss=0.0, verbose=0, log=None):
     """Run Lloyd's algorithm from ``centers_init``.
 
@@ -37,13 +50,7 @@ def kmeans_single_lloyd(data, centers_init, *, max_iter, tol, tol_wcss=0.0, verb
     centers : ndarray of shape (n_clusters, n_features)
     n_iter : int
     """
-    n = data.n_samples
-    layouts = DenseOperator(np.array(centers_init, dtype=data.dtype, order="C", copy=True))
-    labels = np.zeros(n, dtype=np.int32)
-    labels_old = np.full(n, -1, dtype=np.int32)
-    partial = np.empty(n, dtype=np.float64)
-    rule = StoppingRule(tol, tol_wcss)
-    log = log if log is not None else IterationLog(verbose)
+    layouts, labels, labels_old, partial, rule, log = loop_state(data, centers_init, tol, tol_wcss, verbose, log)
     strict = False
     n_iter = 0
     means_of = None  # labels whose exact means C holds (None: C is not such a mean)
