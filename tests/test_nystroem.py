@@ -63,6 +63,24 @@ def test_clustered_landmarks_match_sklearn_on_the_centroid_rows(data, kind):
     np.testing.assert_allclose(_gram(ours, Xt), _sklearn_gram(rows, ours.gamma_, Xt), rtol=1e-6, atol=1e-12)
 
 
+@pytest.mark.parametrize("center", [None, False])
+def test_qkmeans_landmarks_keep_the_mean_unless_told(data, center):
+    X, Xt = data
+    params = dict(FAST_QK) if center is None else dict(FAST_QK, center=center)
+    ours = Nystroem(n_components=12, landmarks="qkmeans", sparsity_level=2, landmark_params=params,
+                    random_state=0).fit(X)
+    mean = ours.landmark_estimator_.mean_
+    if center is None:  # the default: the mean beside the factors, as QKMeans(center=True)
+        np.testing.assert_allclose(mean, X.mean(axis=0), rtol=1e-12)
+        same = QKMeans(n_clusters=12, sparsity_level=2, center=True, random_state=0, **FAST_QK).fit(X)
+        np.testing.assert_array_equal(ours.operator_.to_dense(), same.cluster_centers_)
+    else:
+        assert mean is None
+    # features: scikit-learn's Nystroem on the dense landmark rows (mean included)
+    rows = ours.operator_.to_dense()
+    np.testing.assert_allclose(_gram(ours, Xt), _sklearn_gram(rows, ours.gamma_, Xt), rtol=1e-6, atol=1e-12)
+
+
 def test_fitted_estimator_is_used_not_refitted(data, qk):
     X, Xt = data
     labels_before = qk.labels_.copy()
