@@ -60,20 +60,27 @@ def _weighted(T, w):
     return sp.csr_matrix(sp.diags(w) @ T) if sp.issparse(T) else w[:, None] * T
 
 
-def _sweeps(WT, w, S, lam, projs, max_iter, tol, support_iter, sparse):
-    run = sparse_lsq_palm if sparse else lsq_palm
-    state = run(WT, w, S, lam, projs, max_iter, tol, support_iter)
+def _sweeps(WT, w, S, lam, projs, max_iter, tol, support_iter, sparse, last_support):
+    if last_support not in ("auto", "ols", "gradient") or (sparse and last_support == "ols"):
+        raise ValueError(f"last_support must be 'auto', 'gradient' or (dense target) 'ols'; got {last_support!r}.")
+    if sparse:
+        state = sparse_lsq_palm(WT, w, S, lam, projs, max_iter, tol, support_iter)
+    else:
+        state = lsq_palm(WT, w, S, lam, projs, max_iter, tol, support_iter, ols_last=last_support != "gradient")
     state.target = "sparse" if sparse else "dense"
     return state
 
 
-def lsq_refit(T, w, S, lam, projs, max_iter, tol, support_iter, columns="auto", target="auto"):
+def lsq_refit(T, w, S, lam, projs, max_iter, tol, support_iter, columns="auto", target="auto", last_support="auto"):
     """Least-squares sweeps on ``W T`` (``T`` unweighted, ndarray or CSR) run on the active columns.
 
     The active columns are those where ``T`` or the last factor ``S[-1]``
     (ndarray or CSR) is nonzero (:class:`qkm.factorization._columns.ColumnMap`;
     ``columns`` forces "columns" or "dense"); ``target`` forces the sparse or
-    dense sweeps (see the module docstring). The returned state's last factor
+    dense sweeps (see the module docstring); ``last_support`` how the last
+    factor's support moves: "gradient" (a projected gradient step, the only
+    choice of the sparse sweeps) or "ols" (greedy OLS, the dense sweeps'
+    default). The returned state's last factor
     is CSR when the compressed or sparse path ran; ``path``, ``n_columns``,
     ``target`` and ``start_objective`` (``f`` of the start) say what ran.
     """
@@ -82,7 +89,7 @@ def lsq_refit(T, w, S, lam, projs, max_iter, tol, support_iter, columns="auto", 
     WT = _weighted(_take(cmap, T, sparse), w)
     S = list(S)
     S[-1] = _take(cmap, S[-1], sparse)
-    state = _sweeps(WT, w, S, lam, projs, max_iter, tol, support_iter, sparse)
+    state = _sweeps(WT, w, S, lam, projs, max_iter, tol, support_iter, sparse, last_support)
     return _put_back(state, cmap)
 
 
@@ -92,13 +99,13 @@ def _put_back(state, cmap):
     return state
 
 
-def factorize(T, w, n_factors, s, max_iter, tol, columns="auto", target="auto"):
+def factorize(T, w, n_factors, s, max_iter, tol, columns="auto", target="auto", last_support="auto"):
     """The first factors of ``T``, then ``max_iter`` least-squares sweeps within :func:`factor_budgets`.
 
     The start is :func:`exact_start` when it applies (wide sparse data), else
     hierarchical palm4MSA (``splincol(s)``). ``T`` (ndarray or CSR) is
     factorised on its nonzero columns when they are few enough (see
-    :func:`lsq_refit`; the last factor is then CSR).
+    :func:`lsq_refit`, also for ``target`` and ``last_support``; the last factor is then CSR).
     """
     K, D = T.shape
     sparse = sparse_target(T, n_factors, target)
@@ -112,7 +119,7 @@ def factorize(T, w, n_factors, s, max_iter, tol, columns="auto", target="auto"):
         factors, lam = list(first.factors), first.lam
     else:
         factors, lam = exact, 0.0
-    state = _sweeps(_weighted(Tc, w), w, factors, lam, budgets, max_iter, tol, max_iter, sparse)
+    state = _sweeps(_weighted(Tc, w), w, factors, lam, budgets, max_iter, tol, max_iter, sparse, last_support)
     state.start = "hierarchical" if exact is None else "exact"
     return _put_back(state, cmap)
 

@@ -232,6 +232,7 @@ class LsqSweeper(_Sweeper):
 
     def __init__(self, WT, w, S, projs):
         super().__init__(WT, w, S, projs, monotone=True)
+        self.ols_last = True            # False: the last factor's supports by a gradient step (as the sparse sweeps)
         self.n_support_changes = 0      # factors whose support the projection changed and that kept it
         self.n_support_rejected = 0     # candidate supports that did not lower f
 
@@ -239,7 +240,7 @@ class LsqSweeper(_Sweeper):
         """A candidate support: greedy OLS for a factor with independent columns (or rows) and a global
         budget, else the support of a projected gradient step (hard thresholding pursuit); None if none."""
         spec = self.projs[q]
-        if spec[0] == "sp" and (sides.Gr is None) != (sides.Gl is None):
+        if spec[0] == "sp" and (sides.Gr is None) != (sides.Gl is None) and (self.ols_last or sides.Gl is None):
             if sides.Gr is None:                        # R = I: the atoms are the columns of L
                 mask = np.empty(X0.shape, dtype=np.bool_)
                 ols_support(sides.Gl, g, np.ones(X0.shape[1]), int(spec[1]), mask)
@@ -358,12 +359,14 @@ def run_sweeps(sw, lam, max_iter, tol, support_iter):
     return lam, f, f0, history
 
 
-def lsq_palm(WT, w, S, lam, projs, max_iter, tol, support_iter):
+def lsq_palm(WT, w, S, lam, projs, max_iter, tol, support_iter, ols_last=True):
     """At most ``max_iter`` least-squares sweeps on ``min ||WT - lam W S_1..S_Q||_F^2``, the first
     ``support_iter`` of them updating the supports (within ``projs``); they stop when one changes ``f`` by
-    less than ``tol`` times its value. ``S`` is updated in place; ``f`` never increases."""
+    less than ``tol`` times its value. ``S`` is updated in place; ``f`` never increases. ``ols_last=False``
+    moves the last factor's support by a gradient step (hard thresholding pursuit) instead of greedy OLS."""
     lam = normalise_start(S, lam, projs)
     sw = LsqSweeper(WT, w, S, projs)
+    sw.ols_last = ols_last
     lam, f, f0, history = run_sweeps(sw, lam, max_iter, tol, support_iter)
     return PalmState(S, lam, f, history, len(history), sw.n_certified, sw.n_support_changes, sw.n_support_rejected,
                      f0, "dense", WT.shape[1])
