@@ -95,11 +95,12 @@ def test_exact_start_on_sparse_seeds():
     """Seeds within the last factor's budget: identities and the seeds themselves, no hierarchical sweeps."""
     rng = np.random.default_rng(3)
     T = _wide_sparse_target(rng, k=6, d=600, words=20)          # 120 values <= s * D
-    st = factorize(sp.csr_matrix(T), None, 4, 1, 0, 1e-6)
+    st = factorize(sp.csr_matrix(T), None, 4, 1, 0, 1e-6, target="sparse")
     assert (st.start, st.target) == ("exact", "sparse")
     P = st.lam * np.linalg.multi_dot([f.toarray() if sp.issparse(f) else f for f in st.factors])
     np.testing.assert_allclose(P, T, rtol=0, atol=1e-12)
-    assert factorize(np.ones((6, 600)), None, 4, 1, 0, 1e-6).start == "hierarchical"
+    assert factorize(np.ones((6, 600)), None, 4, 1, 0, 1e-6, target="sparse").start == "hierarchical"
+    assert factorize(sp.csr_matrix(T), None, 4, 1, 0, 1e-6).target == "dense"          # auto: too narrow
 
 
 def test_column_map_auto_chooses_by_active_fraction():

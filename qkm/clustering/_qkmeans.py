@@ -245,11 +245,16 @@ class QKMeans(_FactoredKMeans):
     al., 2021, Algorithm 1). Factor ``q`` of shape ``(r, c)`` keeps at most
     ``sparsity_level * max(r, c)`` values, the nominal budget of the paper's
     code (its projection keeps more). The first factors come from
-    hierarchical palm4MSA on the initial centres; every refit then runs
+    hierarchical palm4MSA on the initial centres (on wide sparse data, when the
+    seeds fit the last factor's budget, the exact chain of identities and the
+    seeds); every refit then runs
     least-squares sweeps that solve each factor exactly on a support and pick
     the supports afresh (greedy orthogonal least squares for the first and last
     factors; see :func:`qkm.palm4msa.factorize`); a longer polish runs at the
-    end. A refit that would raise the objective is discarded.
+    end. A refit that would raise the objective is discarded. When the means
+    are sparse (tf-idf data) the sweeps keep them and the wide last factor
+    sparse, move the last factor's support by a gradient step, and run fewer
+    sweeps (see ``palm_warm_iter``; ``history_`` records what ran).
 
     Applying ``V`` to a vector costs ``2 * nnz_`` flops instead of
     ``2 * K * D``; which code path actually runs fastest (the sparse chain or
@@ -326,7 +331,14 @@ default="k-means++"
         The ``init``, ``refit`` and ``polish`` records also say where the
         factorisation ran: ``columns`` is "columns" when it ran on the active
         columns only (the nonzero columns of the means and of the last factor,
-        wide sparse data) and "dense" otherwise, ``n_columns`` how many it saw.
+        wide sparse data) and "dense" otherwise, ``n_columns`` how many it saw;
+        ``target`` is "sparse" when the means (and the wide factor) were kept
+        sparse (at most 30 % nonzeros and at least 2,048 columns:
+        :mod:`qkm.factorization._lsq_sparse`)
+        and "dense" otherwise; ``sweeps`` counts the least-squares sweeps run;
+        the ``init`` record's ``start`` is "exact" when the seeds fit the last
+        factor's budget (the chain starts as identities times the seeds, wide
+        sparse data) and "hierarchical" (palm4MSA) otherwise.
     nnz_, flops_ : int
         Nonzeros of the factors and flops to assign a sample (``2 * nnz_``;
         the mean needs none for the labels).

@@ -6,8 +6,9 @@ warm refits (of the cluster means). Both pick where the sweeps run:
 * ``columns``: on the active columns only, or all of them
   (:mod:`qkm.factorization._columns`);
 * ``target``: the dense sweeps (:func:`qkm.factorization._lsq.lsq_palm`) or,
-  for a sparse target (at most :data:`SPARSE_TARGET_MAX_DENSITY` nonzero, the
-  cluster means of tf-idf data), the sweeps that keep the target and the wide
+  for a sparse and wide target (at most :data:`SPARSE_TARGET_MAX_DENSITY`
+  nonzero, at least :data:`SPARSE_TARGET_MIN_COLUMNS` columns: the cluster
+  means of tf-idf data), the sweeps that keep the target and the wide
   last factor sparse (:func:`qkm.factorization._lsq_sparse.sparse_lsq_palm`):
   a sweep on fixed supports costs about ``nnz(T) s`` instead of ``K A D``.
   Measured on news20 (15,935 x 62,061, K = 100): see
@@ -26,13 +27,15 @@ from ._lsq import factor_budgets, lsq_palm
 from ._lsq_sparse import sparse_lsq_palm
 from ._palm import chain_shapes
 
-__all__ = ["SPARSE_TARGET_MAX_DENSITY", "exact_start", "factorize", "lsq_refit", "sparse_target"]
+__all__ = ["SPARSE_TARGET_MAX_DENSITY", "SPARSE_TARGET_MIN_COLUMNS", "exact_start", "factorize", "lsq_refit", "sparse_target"]
 
 #: Sweeps of the hierarchical palm4MSA that gives the first supports (split, global, final).
 HIERARCHICAL_SWEEPS = (30, 30, 100)
 
-#: Targets with at most this fraction of nonzeros (over all ``K x D`` entries) run the sparse sweeps.
+#: Targets with at most this fraction of nonzeros (over all ``K x D`` entries) and at least
+#: ``SPARSE_TARGET_MIN_COLUMNS`` columns run the sparse sweeps (image data, D <= 784, keep the dense ones).
 SPARSE_TARGET_MAX_DENSITY = 0.3
+SPARSE_TARGET_MIN_COLUMNS = 2048
 
 
 def _nnz(M):
@@ -40,10 +43,11 @@ def _nnz(M):
 
 
 def sparse_target(T, n_factors, mode="auto"):
-    """Whether the sweeps keep ``T`` sparse: ``mode`` "sparse"/"dense" forces it; "auto" decides by density."""
+    """Whether the sweeps keep ``T`` sparse: ``mode`` "sparse"/"dense" forces it; "auto" decides by width and density."""
     if n_factors < 2 or mode == "dense":
         return False
-    return mode == "sparse" or _nnz(T) <= SPARSE_TARGET_MAX_DENSITY * T.shape[0] * T.shape[1]
+    K, D = T.shape
+    return mode == "sparse" or (D >= SPARSE_TARGET_MIN_COLUMNS and _nnz(T) <= SPARSE_TARGET_MAX_DENSITY * K * D)
 
 
 def _take(cmap, M, sparse):
