@@ -297,7 +297,7 @@ def build_parser():
     g.add_argument("--palm-warm-iter", type=int, default=None,
                    help="factorisation sweeps per Lloyd iteration (default: 10, or 2 when the means are sparse)")
     g.add_argument("--palm-max-iter", type=int, default=None,
-                   help="factorisation sweeps of the final polish (default: 300, or 10 when the means are sparse)")
+                   help="factorisation sweeps of the final polish (default: 300, or 3 when the means are sparse)")
     g.add_argument("--center", action="store_true",
                    help="keep the data mean beside the structure and fit the structure to the centred means")
     g.add_argument("--rank", type=int, default=8, help="rank of the centroid matrix for --algorithm lowrank (default: 8)")
