@@ -295,7 +295,7 @@ def build_parser():
     g.add_argument("--n-factors", type=int, default=None,
                    help="number of sparse factors (default: floor(log2(max(K, D))))")
     g.add_argument("--palm-warm-iter", type=int, default=None,
-                   help="factorisation sweeps per Lloyd iteration (default: 10, or 2 when the means are sparse)")
+                   help="factorisation sweeps per Lloyd iteration (default: 10, or 1 when the means are sparse)")
     g.add_argument("--palm-max-iter", type=int, default=None,
                    help="factorisation sweeps of the final polish (default: 300, or 3 when the means are sparse)")
     g.add_argument("--center", action="store_true",

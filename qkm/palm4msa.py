@@ -335,7 +335,8 @@ def factorize(target, n_factors, *, sparsity_level=3, weights=None, max_iter=100
     T, _, w = _check_args(target, None, sparsity_level=sparsity_level, weights=weights, n_factors=n_factors, tol=tol,
                           max_iters=[("max_iter", max_iter, 0)])
     with single_threaded_blas():  # BLAS's thread count must not change the greedy supports
-        state = _factorize.factorize(T, w, int(n_factors), int(sparsity_level), int(max_iter), float(tol))
+        state = _factorize.factorize(T, w, int(n_factors), int(sparsity_level), int(max_iter), float(tol),
+                                     target="dense")      # the documented algorithm (QKMeans picks per target)
     return _result(state)
 
 

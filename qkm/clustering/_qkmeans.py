@@ -59,10 +59,11 @@ def _training_operator(factors, dtype, previous, mean=None):
 #: None, for dense targets and for sparse ones (wide sparse data, qkm.factorization._lsq_sparse). Measured on
 #: news20 (K = 100, s = 3, same seeds, supports moved in the first sweep only): after 6 Lloyd iterations 2
 #: sweeps per refit reached 14,261 against 14,259 with 10 (K-means converges at 14,213) in about half the
-#: refit time; the full fit with 2 ended at 1.0012 times K-means', and a 30-sweep polish gained 4e-6 relative
-#: (10 sweeps: 5e-6, 20 Newsgroups: 9 s of an 80 s fit under load), hence 3.
+#: refit time; full fits (load 3): 1 sweep 7.5 s, objective 14,231.7; 2 sweeps 9.2 s, 14,231.9 (20 Newsgroups:
+#: 20.9 s, 16,738.12 vs 22.0 s, 16,738.06; K-means 16,732.7). A 30-sweep polish gained 4e-6 relative
+#: (10 sweeps: 5e-6, and 9 s of an 80 s fit on 20 Newsgroups under load), hence 3.
 DENSE_WARM_SWEEPS, DENSE_POLISH_SWEEPS = 10, 300
-SPARSE_WARM_SWEEPS, SPARSE_POLISH_SWEEPS = 2, 3
+SPARSE_WARM_SWEEPS, SPARSE_POLISH_SWEEPS = 1, 3
 
 
 # --------------------------------------------------------------------------- #
@@ -288,7 +289,7 @@ default="k-means++"
         means are sparse (wide sparse data, see ``history_``).
     palm_warm_iter : int or None, default=None
         Factorisation sweeps per Lloyd iteration (warm-started); None: 10, or
-        2 when the means are sparse. With sparse means the supports are
+        1 when the means are sparse. With sparse means the supports are
         updated in the first sweep of every refit only (the others solve the
         values on them), with dense means in every sweep.
     palm_tol : float, default=1e-6
