@@ -7,8 +7,9 @@ kernels warmed up on a tiny fit first, so compile time is not counted),
 repeated ``--repeats`` times, the two methods interleaved. Recorded per run:
 fit seconds, peak memory of the fit (VmHWM - VmRSS, the high-water mark reset
 before the fit), the objective recomputed by one common float64 function at the
-final centres, compression (``K * D / nnz``), the refit path QK-means ran
-(``history_``), and assignment time through each model's ``predict``: single
+final centres, compression (``K * D / nnz``), the refit paths QK-means ran
+(``history_``: step:columns/target[/start], e.g. ``refit:dense/sparse``: all
+columns, sparse target), and assignment time through each model's ``predict``: single
 rows (median over rows) and the whole data set.
 
 Data sets (``--data-dir``, default ``<repo>/../shared/data``; the loaders and
@@ -19,7 +20,7 @@ random subset of N rows (the full sets may be too slow on a busy machine).
 
 Rerun (from the repository root)::
 
-    .venv/bin/python benchmarks/qkmeans_sparse.py --datasets 20news-tfidf,news20 --k 100
+    .venv/bin/python benchmarks/qkmeans_sparse.py --datasets news20,20news-tfidf --k 100 --repeats 3
 
 Results: ``<out>.json`` and ``<out>.md`` (default ``benchmarks/results/qkmeans_sparse``).
 """
@@ -97,8 +98,8 @@ def child(spec_path, threads):
                objective=objective, n_iter=int(model.n_iter_), single_row_us=float(np.median(single)) * 1e6,
                batch_s=batch_s)
     if spec["method"] == "qkmeans":
-        paths = [(r["step"], r.get("columns"), r.get("n_columns")) for r in model.history_
-                 if r["step"] in ("init", "refit", "polish")]
+        paths = [(r["step"], f'{r.get("columns")}/{r.get("target")}' + (f'/{r["start"]}' if "start" in r else ""),
+                  r.get("n_columns")) for r in model.history_ if r["step"] in ("init", "refit", "polish")]
         steps = {}
         for r in model.history_:
             steps[r["step"]] = steps.get(r["step"], 0.0) + float(r.get("seconds") or 0.0)

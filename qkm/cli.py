@@ -299,10 +299,10 @@ def build_parser():
                    help="s: a factor of shape (r, c) keeps at most s * max(r, c) nonzeros (default: 3)")
     g.add_argument("--n-factors", type=int, default=None,
                    help="number of sparse factors (default: floor(log2(max(K, D))))")
-    g.add_argument("--palm-warm-iter", type=int, default=10,
-                   help="factorisation sweeps per Lloyd iteration (default: 10)")
-    g.add_argument("--palm-max-iter", type=int, default=300,
-                   help="factorisation sweeps of the final polish (default: 300)")
+    g.add_argument("--palm-warm-iter", type=int, default=None,
+                   help="factorisation sweeps per Lloyd iteration (default: 10, or 1 when the means are sparse)")
+    g.add_argument("--palm-max-iter", type=int, default=None,
+                   help="factorisation sweeps of the final polish (default: 300, or 3 when the means are sparse)")
     g.add_argument("--center", action="store_true",
                    help="keep the data mean beside the structure and fit the structure to the centred means")
     g.add_argument("--rank", type=int, default=8, help="rank of the centroid matrix for --algorithm lowrank (default: 8)")

@@ -24,7 +24,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from .factorization import _hierarchical
-from .factorization import _lsq
+from .factorization import _factorize
 from .factorization import _palm
 from .factorization import _projections
 from ._threads import single_threaded_blas
@@ -335,7 +335,8 @@ def factorize(target, n_factors, *, sparsity_level=3, weights=None, max_iter=100
     T, _, w = _check_args(target, None, sparsity_level=sparsity_level, weights=weights, n_factors=n_factors, tol=tol,
                           max_iters=[("max_iter", max_iter, 0)])
     with single_threaded_blas():  # BLAS's thread count must not change the greedy supports
-        state = _lsq.factorize(T, w, int(n_factors), int(sparsity_level), int(max_iter), float(tol))
+        state = _factorize.factorize(T, w, int(n_factors), int(sparsity_level), int(max_iter), float(tol),
+                                     target="dense")      # the documented algorithm (QKMeans picks per target)
     return _result(state)
 
 

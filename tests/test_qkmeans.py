@@ -181,9 +181,9 @@ class _RecordingFitter(_LowRankFitter):
         super().__init__(rank=100)
         self.calls = []
 
-    def refit(self, U, weights, state, max_iter):
+    def refit(self, U, weights, state, max_iter, polish=False):
         self.calls.append((U.copy(), weights.copy()))
-        return super().refit(U, weights, state, max_iter)
+        return super().refit(U, weights, state, max_iter, polish)
 
 
 def test_weights_follow_cluster_ids_after_an_empty_cluster():

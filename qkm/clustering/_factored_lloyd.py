@@ -15,7 +15,8 @@ one-point cluster may not follow it), so the history never increases (up to
 the rounding of the assignment in the operator's precision).
 
 A *fitter* supplies the structure: ``initial(U, rng)`` gives a state,
-``refit(U, weights, state, max_iter)`` a new state, its weighted error
+``refit(U, weights, state, max_iter, polish)`` a new state (``max_iter`` None: the
+fitter's own count, which may differ for the polish), its weighted error
 ``||W(U - V)||_F^2`` and that of the given state (the guard compares them:
 no dense ``V`` is formed here), ``operator(state, dtype, previous, mean)`` the
 :class:`~qkm.operator.CentroidOperator`, and ``describe(state)`` a dict for
@@ -119,8 +120,8 @@ def factored_lloyd(data, centers_init, fitter, *, max_iter, tol, rng, polish_ite
         Stop when the objective decreased by at most ``tol`` times its value
         over one round, or when the labels did not change.
     rng : numpy.random.RandomState
-    polish_iter : int
-        Refit iterations of the final polish (0: none). The polish is guarded
+    polish_iter : int or None
+        Refit iterations of the final polish (0: none; None: the fitter's choice). The polish is guarded
         like every refit and followed by a last assignment.
     log : IterationLog, default=None
     mean : ndarray of shape (n_features,), default=None
@@ -155,18 +156,18 @@ def factored_lloyd(data, centers_init, fitter, *, max_iter, tol, rng, polish_ite
     objective_prev = np.inf
     tried = {}
 
-    def attempt(U, max_palm):
+    def attempt(U, max_palm, polish):
         """A guarded refit to the means ``U``: ``(objective, kept, new state or None, before, after)``."""
         U64 = np.asarray(U, dtype=np.float64)
         weights = np.sqrt(counts.astype(np.float64))
         within = x_sq_total - float(counts @ np.einsum("ij,ij->i", U64, U64))
-        new_state, after, before = fitter.refit(centred(U64), weights, state, max_palm)
+        new_state, after, before = fitter.refit(centred(U64), weights, state, max_palm, polish)
         tried.clear()
         tried.update(fitter.describe(new_state))    # what ran, kept or not (e.g. the columns path)
         kept = after <= before
         return within + min(after, before), kept, new_state if kept else None, before, after
 
-    def refit(objective_now, max_palm):
+    def refit(objective_now, max_palm, polish=False):
         """Means then a guarded refit; returns ``(objective, kept, relocated, before, after)``.
 
         An empty cluster is given the point farthest from its centre, unless the
@@ -176,10 +177,10 @@ def factored_lloyd(data, centers_init, fitter, *, max_iter, tol, rng, polish_ite
         nonlocal U, state, operator
         U_prev = U
         U, relocated = passes.means(U_prev, True, counts)
-        result = attempt(U, max_palm)
+        result = attempt(U, max_palm, polish)
         if relocated and result[0] > objective_now:
             U, _ = passes.means(U_prev, False, counts)
-            result, relocated = attempt(U, max_palm), 0
+            result, relocated = attempt(U, max_palm, polish), 0
         passes.refit_done(relocated)
         objective, kept, new_state, before, after = result
         if kept:
@@ -205,9 +206,9 @@ def factored_lloyd(data, centers_init, fitter, *, max_iter, tol, rng, polish_ite
         if converged:
             break
 
-    if polish_iter > 0:
+    if polish_iter is None or polish_iter > 0:
         t1 = time.perf_counter()
-        obj_polish, kept, relocated, _, _ = refit(history[-1], polish_iter)
+        obj_polish, kept, relocated, _, _ = refit(history[-1], polish_iter, polish=True)
         history.append(obj_polish)
         log.record(n_iter - 1, step="polish", objective=obj_polish, kept=kept, relocated=relocated,
                    seconds=time.perf_counter() - t1, **tried)

@@ -41,14 +41,12 @@ import scipy.linalg
 from numba import njit
 
 from ._kernels import _JIT
-from ._columns import ColumnMap
 from ._ols import ols_support
-from ._hierarchical import hierarchical
-from ._palm import LIPSCHITZ_MARGIN, PalmState, _Sweeper, _sq, chain_shapes
+from ._palm import LIPSCHITZ_MARGIN, PalmState, _Sweeper, _sq
 from ._palm_products import SweepMatrix
 from ._projections import is_feasible, project
 
-__all__ = ["LsqSweeper", "factor_budgets", "factorize", "lsq_palm", "lsq_refit"]
+__all__ = ["LsqSweeper", "factor_budgets", "lsq_palm", "normalise_start", "run_sweeps"]
 
 #: Proximal weight relative to the largest diagonal entry of the normal matrix.
 PROX_REL = 1e-10
@@ -234,6 +232,7 @@ class LsqSweeper(_Sweeper):
 
     def __init__(self, WT, w, S, projs):
         super().__init__(WT, w, S, projs, monotone=True)
+        self.ols_last = True            # False: the last factor's supports by a gradient step (as the sparse sweeps)
         self.n_support_changes = 0      # factors whose support the projection changed and that kept it
         self.n_support_rejected = 0     # candidate supports that did not lower f
 
@@ -241,7 +240,7 @@ class LsqSweeper(_Sweeper):
         """A candidate support: greedy OLS for a factor with independent columns (or rows) and a global
         budget, else the support of a projected gradient step (hard thresholding pursuit); None if none."""
         spec = self.projs[q]
-        if spec[0] == "sp" and (sides.Gr is None) != (sides.Gl is None):
+        if spec[0] == "sp" and (sides.Gr is None) != (sides.Gl is None) and (self.ols_last or sides.Gl is None):
             if sides.Gr is None:                        # R = I: the atoms are the columns of L
                 mask = np.empty(X0.shape, dtype=np.bool_)
                 ols_support(sides.Gl, g, np.ones(X0.shape[1]), int(spec[1]), mask)
@@ -271,6 +270,32 @@ class LsqSweeper(_Sweeper):
         X = _solve_on(sides, g, mask0, X0)
         return X if _delta_f(sides, g, X, X0) <= 0.0 else X0
 
+    def scale_and_error(self, lam, closed_form):
+        """``(lam, f)`` for the current factors: ``lam`` replaced by its closed form when asked (and defined)."""
+        WPt = self.prefix()
+        if closed_form:
+            pp = _sq(WPt)
+            if pp > 0.0:
+                lam = float(np.vdot(self.WTt, WPt)) / pp
+        return lam, _sq(self.WTt - lam * WPt)
+
+    def last_factor(self, q, lam, update_support):
+        """Solve the last factor ``q = Q - 1 >= 1`` (``R = I``); returns ``(lam, Nt, Gr)`` for the next factor."""
+        S, M = self.S, self.M
+        g = self.Lt[q] @ self.WTt.T
+        sides = _Sides(self.Gl[q], None, None)
+        X = self._factor(q, sides, g, lam, update_support, lambda: self._sigma_l(q)[0])
+        nrm = math.sqrt(_sq(X))
+        if nrm > 0.0:
+            lam = nrm
+            S[q] = X * (1.0 / nrm)
+            M[q] = SweepMatrix(S[q])
+        Nt = M[q].mm(self.WTt)
+        Gr = M[q].mm(np.ascontiguousarray(S[q].T))
+        Gr += Gr.T
+        Gr *= 0.5
+        return lam, Nt, Gr
+
     def sweep(self, lam, update_support):
         """Update every factor right to left; returns the scale ``lam`` (norm of the last solved ``X``)."""
         S, M, Lt, Gl = self.S, self.M, self.Lt, self.Gl
@@ -278,13 +303,16 @@ class LsqSweeper(_Sweeper):
         Nt = Gr = None
         for q in range(Q - 1, -1, -1):
             R_is_I = q == Q - 1
+            if R_is_I and q > 0:
+                lam, Nt, Gr = self.last_factor(q, lam, update_support)
+                continue
             if q == 0:
                 g = self._wl(self.WTt.T if R_is_I else Nt.T)
                 sides = _Sides(None, self.w2 if self.w2 is not None else np.ones(S[0].shape[0]),
                                None if R_is_I else Gr)
             else:
-                g = Lt[q] @ (self.WTt.T if R_is_I else Nt.T)
-                sides = _Sides(Gl[q], None, None if R_is_I else Gr)
+                g = Lt[q] @ Nt.T
+                sides = _Sides(Gl[q], None, Gr)
 
             def sigma(q=q, Gr=Gr, R_is_I=R_is_I):
                 return self._sigma_l(q)[0] * (1.0 if R_is_I else self._sigma_r(q, Gr)[0])
@@ -296,74 +324,52 @@ class LsqSweeper(_Sweeper):
                 S[q] = X * (1.0 / nrm)
                 M[q] = SweepMatrix(S[q])
             if q > 0:
-                if R_is_I:
-                    Nt = M[q].mm(self.WTt)
-                    Gr = M[q].mm(np.ascontiguousarray(S[q].T))
-                else:
-                    SG = M[q].mm(Gr)
-                    Gr = M[q].mm(np.ascontiguousarray(SG.T))
-                    Nt = M[q].mm(Nt)
+                SG = M[q].mm(Gr)
+                Gr = M[q].mm(np.ascontiguousarray(SG.T))
+                Nt = M[q].mm(Nt)
                 Gr += Gr.T
                 Gr *= 0.5
         return lam
 
 
-def lsq_palm(WT, w, S, lam, projs, max_iter, tol, support_iter):
-    """At most ``max_iter`` least-squares sweeps on ``min ||WT - lam W S_1..S_Q||_F^2``, the first
-    ``support_iter`` of them updating the supports (within ``projs``); they stop when one changes ``f`` by
-    less than ``tol`` times its value. ``S`` is updated in place; ``f`` never increases."""
+def normalise_start(S, lam, projs):
+    """Unit-norm feasible factors (a feasible one only scaled); returns ``lam`` times the norms taken out."""
     for q, Sq in enumerate(S):
         nrm = math.sqrt(float(np.vdot(Sq, Sq)))
         if nrm > 0.0:
             S[q] = Sq * (1.0 / nrm) if is_feasible(projs[q], Sq) else project(projs[q], Sq)
             lam *= nrm
-    sw = LsqSweeper(WT, w, S, projs)
-    WTt = sw.WTt
-    WPt = sw.prefix()
-    if lam == 0.0:
-        pp = _sq(WPt)
-        lam = float(np.vdot(WTt, WPt)) / pp if pp > 0.0 else 0.0
-    f = f0 = _sq(WTt - lam * WPt)
+    return lam
+
+
+def run_sweeps(sw, lam, max_iter, tol, support_iter):
+    """The sweep loop shared by the dense and the sparse-target sweepers; returns ``(lam, f, f0, history)``."""
+    lam, f = sw.scale_and_error(lam, lam == 0.0)
+    f0 = f
     history = []
     for it in range(max_iter):
         if lam == 0.0 or f == 0.0:
             break
         lam = sw.sweep(lam, it < support_iter)
-        WPt = sw.prefix()
-        pp = _sq(WPt)
-        if pp > 0.0:
-            lam = float(np.vdot(WTt, WPt)) / pp
-        f_prev, f = f, _sq(WTt - lam * WPt)
+        lam, f_new = sw.scale_and_error(lam, True)
+        f_prev, f = f, f_new
         history.append(f)
         if abs(f_prev - f) < tol * f_prev:
             break
+    return lam, f, f0, history
+
+
+def lsq_palm(WT, w, S, lam, projs, max_iter, tol, support_iter, ols_last=True):
+    """At most ``max_iter`` least-squares sweeps on ``min ||WT - lam W S_1..S_Q||_F^2``, the first
+    ``support_iter`` of them updating the supports (within ``projs``); they stop when one changes ``f`` by
+    less than ``tol`` times its value. ``S`` is updated in place; ``f`` never increases. ``ols_last=False``
+    moves the last factor's support by a gradient step (hard thresholding pursuit) instead of greedy OLS."""
+    lam = normalise_start(S, lam, projs)
+    sw = LsqSweeper(WT, w, S, projs)
+    sw.ols_last = ols_last
+    lam, f, f0, history = run_sweeps(sw, lam, max_iter, tol, support_iter)
     return PalmState(S, lam, f, history, len(history), sw.n_certified, sw.n_support_changes, sw.n_support_rejected,
                      f0, "dense", WT.shape[1])
-
-
-def lsq_refit(T, w, S, lam, projs, max_iter, tol, support_iter, columns="auto"):
-    """:func:`lsq_palm` on ``W T`` (``T`` unweighted, ndarray or CSR) run on the active columns.
-
-    The active columns are those where ``T`` or the last factor ``S[-1]``
-    (ndarray or CSR) is nonzero (:class:`qkm.factorization._columns.ColumnMap`; ``columns``
-    forces "columns" or "dense"). The returned state's last factor is CSR when
-    the compressed path ran; ``path``, ``n_columns`` and ``start_objective``
-    (``f`` of the start) say what ran.
-    """
-    cmap = ColumnMap.of(T, S[-1], mode=columns)
-    Tc = cmap.take(T)
-    WT = Tc if w is None else w[:, None] * Tc
-    del Tc
-    S = list(S)
-    S[-1] = cmap.take(S[-1])
-    state = lsq_palm(WT, w, S, lam, projs, max_iter, tol, support_iter)
-    return _put_back(state, cmap)
-
-
-def _put_back(state, cmap):
-    state.factors[-1] = cmap.put(state.factors[-1])
-    state.path, state.n_columns = cmap.path, cmap.n_active
-    return state
 
 
 def factor_budgets(shapes, s):
@@ -377,23 +383,3 @@ def factor_budgets(shapes, s):
     that separate the clusters).
     """
     return [("sp", int(s) * max(int(r), int(c))) for r, c in shapes]
-
-
-#: Sweeps of the hierarchical palm4MSA that gives the first supports (split, global, final).
-HIERARCHICAL_SWEEPS = (30, 30, 100)
-
-
-def factorize(T, w, n_factors, s, max_iter, tol, columns="auto"):
-    """Hierarchical palm4MSA (``splincol(s)``), then ``max_iter`` least-squares sweeps within :func:`factor_budgets`.
-
-    ``T`` (ndarray or CSR) is factorised on its nonzero columns when they are
-    few enough (see :func:`lsq_refit`; the last factor is then CSR).
-    """
-    K, D = T.shape
-    cmap = ColumnMap.of(T, mode=columns)
-    Tc = cmap.take(T)
-    first = hierarchical(Tc, w, n_factors, s, *HIERARCHICAL_SWEEPS, tol, n_cols=D)
-    WT = Tc if w is None else w[:, None] * Tc
-    budgets = factor_budgets(chain_shapes(K, D, n_factors), s)
-    state = lsq_palm(WT, w, list(first.factors), first.lam, budgets, max_iter, tol, max_iter)
-    return _put_back(state, cmap)

@@ -104,6 +104,8 @@ class PalmState:
     start_objective: float = float("nan")   # f at the start (least-squares sweeps)
     path: str = "dense"       # "columns": run on the active columns only (qkm.factorization._columns)
     n_columns: int = 0        # columns the sweeps ran on
+    target: str = "dense"     # "sparse": the target and the last factor kept sparse (qkm.factorization._lsq_sparse)
+    start: str = ""           # first factorisation: "hierarchical" (palm4MSA) or "exact" (identities + target)
 
 
 @functools.lru_cache(maxsize=64)
@@ -184,22 +186,27 @@ class _Sweeper:
     def _w2max(self):
         return 1.0 if self.w2 is None else float(self.w2.max())
 
-    def prefix(self):
-        """Rebuild ``Lt``, ``Gl``; return ``(W P)^T`` (``D x K``) for the current factors."""
+    def left_products(self):
+        """Rebuild ``Lt``, ``Gl``; return ``(W S_1)^T``."""
         Q = len(self.S)
         self.Lt = Lt = [None] * Q
         self.Gl = Gl = [None] * Q
         first = np.ascontiguousarray(self.S[0].T)
         if self.w is not None:
             first *= self.w[None, :]
-        if Q == 1:
-            return first
-        Lt[1] = first
+        if Q > 1:
+            Lt[1] = first
         for q in range(1, Q):
             if q > 1:
                 Lt[q] = self.M[q - 1].tmm(Lt[q - 1])
             Gl[q] = Lt[q] @ Lt[q].T
-        return self.M[Q - 1].tmm(Lt[Q - 1])
+        return first
+
+    def prefix(self):
+        """Rebuild ``Lt``, ``Gl``; return ``(W P)^T`` (``D x K``) for the current factors."""
+        first = self.left_products()
+        Q = len(self.S)
+        return first if Q == 1 else self.M[Q - 1].tmm(self.Lt[Q - 1])
 
     def _sigma_l(self, q):
         G = self.Gl[q]
