@@ -34,11 +34,48 @@ from _paper_data import load_dataset  # noqa: E402
 REPO = Path(__file__).resolve().parents[1]
 K = 64
 ITERATIONS = 20
+#: the reference's value count at s = 3 (its projection keeps the union of per-row and per-column budgets)
+REFERENCE_VALUES = 4638
+CONVERGE = {"max_iter": 200, "tol": 0.0}  # Lloyd until the labels stop changing (the loop stops there)
+
+
+def _scaled(scale):
+    return lambda budgets: [(kind, int(round(v * scale))) for kind, v in budgets]
+
+
+def _extra(where, total=REFERENCE_VALUES):
+    """The nominal budgets plus the values up to ``total``, to the last factor or spread over the others."""
+    def change(budgets):
+        extra = total - sum(v for _, v in budgets)
+        out = [list(b) for b in budgets]
+        targets = [len(out) - 1] if where == "last" else list(range(len(out) - 1))
+        for i, t in enumerate(targets):
+            out[t][1] += extra // len(targets) + (i < extra % len(targets))
+        return [tuple(b) for b in out]
+    return change
+
+
+def _split(inner, last):
+    """``inner`` values for every factor but the last, ``last`` for the last (a wide one, K < D)."""
+    return lambda budgets: [(kind, inner) for kind, _ in budgets[:-1]] + [(budgets[-1][0], last)]
+
+
+#: (name, QKMeans parameters, budget change or None). Budgets are not a public parameter, so a change patches
+#: the private ``factor_budgets`` for the run (an experiment only).
 VARIANTS = [
-    ("defaults", {}, 1.0),
-    ("max_iter=40, tol=0", {"max_iter": 40, "tol": 0.0}, 1.0),
-    ("palm_warm_iter=30", {"palm_warm_iter": 30}, 1.0),
-    ("budgets x1.19", {}, 1.19),
+    ("defaults", {}, None),
+    ("max_iter=40, tol=0", {"max_iter": 40, "tol": 0.0}, None),
+    ("palm_warm_iter=30", {"palm_warm_iter": 30}, None),
+    ("budgets x1.19", {}, _scaled(1.19)),
+    ("Lloyd to label convergence", CONVERGE, None),
+    ("budgets x4638/3888", {}, _scaled(REFERENCE_VALUES / 3888)),
+    ("budgets x4638/3888 + label convergence", CONVERGE, _scaled(REFERENCE_VALUES / 3888)),
+    ("+750 values to the last factor", {}, _extra("last")),
+    ("+750 values to the inner factors", {}, _extra("inner")),
+    ("+750 values to the last factor + label convergence", CONVERGE, _extra("last")),
+    ("3,888 values: inner 128, last 2,864", {}, _split(128, 2864)),
+    ("4,638 values: inner 128, last 3,614", {}, _split(128, 3614)),
+    ("4,638 values: inner 160, last 3,358", {}, _split(160, 3358)),
 ]
 
 
@@ -47,6 +84,8 @@ def main():
     p.add_argument("--seeds", default="0,1,2")
     p.add_argument("--data-dir", default=str(REPO.parent / "shared" / "data"))
     p.add_argument("--out", default=None, help="write <out>.json and <out>.md")
+    p.add_argument("--quick", action="store_true", help="check K-means against scikit-learn in float32 only")
+    p.add_argument("--variants", default=None, help="comma-separated indices into VARIANTS (default: all)")
     args = p.parse_args()
     for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS"):
         os.environ[var] = "1"
@@ -62,6 +101,7 @@ def main():
     sys.path.insert(0, str(REPO))
     import qkm
     import qkm.clustering._qkmeans as qkmeans_module
+    import qkm.factorization._factorize as factorize_module
     import qkm.factorization._lsq as lsq_module
 
     load_before = os.getloadavg()
@@ -73,7 +113,7 @@ def main():
     for seed in [int(v) for v in args.seeds.split(",")]:
         init = (kmeans_plusplus((X - mean).astype(np.float32), K, random_state=seed)[0] + mean).astype(np.float32)
         ours = {}
-        for dtype, data in (("float32", X), ("float64", X64)):
+        for dtype, data in (("float32", X), ("float64", X64))[:1 if args.quick else 2]:
             km = qkm.KMeans(K, init=init.astype(data.dtype), n_init=1, max_iter=ITERATIONS, tol=0.0).fit(data)
             sk = SKKMeans(K, init=init.astype(data.dtype), n_init=1, max_iter=ITERATIONS, tol=0.0,
                           algorithm="lloyd").fit(data)
@@ -85,19 +125,23 @@ def main():
                                     sk_ami=float(adjusted_mutual_info_score(y, sk.labels_))))
             print(kmeans_rows[-1], flush=True)
         base = ours["float32"].inertia_
-        for name, params, scale in VARIANTS:
-            def scaled(shapes, s, scale=scale):
-                return [(kind, int(round(v * scale))) for kind, v in nominal(shapes, s)]
+        chosen = VARIANTS if args.variants is None else [VARIANTS[int(i)] for i in args.variants.split(",")]
+        modules = (lsq_module, qkmeans_module, factorize_module)
+        for name, params, change in chosen:
+            def budgets(shapes, s, change=change):
+                return change(nominal(shapes, s))
 
-            lsq_module.factor_budgets = qkmeans_module.factor_budgets = scaled if scale != 1.0 else nominal
+            for module in modules:
+                module.factor_budgets = nominal if change is None else budgets
             try:
                 c = time.process_time()
                 qk = qkm.QKMeans(K, sparsity_level=3, init=init, **dict(dict(max_iter=ITERATIONS), **params)).fit(X)
                 cpu = time.process_time() - c
             finally:
-                lsq_module.factor_budgets = qkmeans_module.factor_budgets = nominal
+                for module in modules:
+                    module.factor_budgets = nominal
             qk_rows.append(dict(seed=seed, variant=name, ratio=float(qk.inertia_ / base), values=int(qk.nnz_with_mean_),
-                                ami=float(adjusted_mutual_info_score(y, qk.labels_)), cpu=cpu,
+                                ami=float(adjusted_mutual_info_score(y, qk.labels_)), cpu=cpu, n_iter=int(qk.n_iter_),
                                 load=os.getloadavg()[0]))
             print(qk_rows[-1], flush=True)
 
