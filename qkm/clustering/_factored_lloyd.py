@@ -177,6 +177,8 @@ def factored_lloyd(data, centers_init, fitter, *, max_iter, tol, rng, polish_ite
         nonlocal U, state, operator
         U_prev = U
         U, relocated = passes.means(U_prev, True, counts)
+        if not relocated:
+            U_prev = None       # only a retry without the repair needs the old means: one K x D buffer less
         result = attempt(U, max_palm, polish)
         if relocated and result[0] > objective_now:
             U, _ = passes.means(U_prev, False, counts)
