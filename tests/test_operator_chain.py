@@ -414,3 +414,19 @@ def test_a_large_v_is_folded_only_when_a_path_needs_it(monkeypatch, with_mean, s
     auto.apply(X)
     chosen = {e["path"] for e in auto.timings_.values()}
     assert auto.holds_dense == ("dense" in chosen)
+
+
+@pytest.mark.parametrize("with_mean", [False, True])
+def test_given_norms_are_used_as_they_are_and_nothing_is_folded(with_mean):
+    factors = CHAINS["irregular"]
+    mean = np.random.default_rng(8).standard_normal(31) if with_mean else None
+    ref = FactorChainOperator(factors, mean=mean, path="fused")
+    op = FactorChainOperator(factors, mean=mean, path="fused", norms=ref.norms)
+    assert not op.holds_dense
+    for a, b in zip(op.norms, ref.norms):
+        np.testing.assert_array_equal(a, b)
+    for sparse in (False, True):
+        X = samples(ref, 100, seed=2, sparse=sparse)
+        for got, want in zip(run(op, X), run(ref, X)):
+            np.testing.assert_array_equal(got, want)      # the same bits as the operator that computed them
+    np.testing.assert_array_equal(op.to_dense(), ref.to_dense())

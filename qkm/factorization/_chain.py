@@ -82,6 +82,11 @@ class FactorChainOperator(CentroidOperator):
         paths use ``argmin_k (||w_k||^2 + 2 mu.w_k - 2 x.w_k)`` (no ``x.mu`` for
         the labels; sparse samples stay sparse) and add ``||mu||^2 - 2 x.mu``
         for the distances.
+    norms : tuple of two ndarrays of shape (n_clusters,), default=None
+        :attr:`norms` of an operator of the same factors, dtype and mean:
+        taken as they are (no pass over the chain, no fold; the distributed
+        workers get them with the factors). ``V`` is then folded only when a
+        path or :meth:`to_dense` needs it.
 
     Attributes
     ----------
@@ -97,7 +102,7 @@ class FactorChainOperator(CentroidOperator):
         What was measured and chosen (``calibration.entries``).
     """
 
-    def __init__(self, factors, dtype=None, calibration=None, path="auto", mean=None):
+    def __init__(self, factors, dtype=None, calibration=None, path="auto", mean=None, norms=None):
         self.factors = check_factors(factors, dtype)
         self.dtype = self.factors[0].dtype
         self.n_clusters = self.factors[0].shape[0]
@@ -110,9 +115,11 @@ class FactorChainOperator(CentroidOperator):
             self._mu_sq = float(self._mu64 @ self._mu64)
         # A small V is folded now (its norms from the folded rows); a large one only when a
         # path or to_dense() needs it, its norms from a streaming pass (never a K x D buffer).
-        self._lazy = self.n_clusters * self.n_features * 8 > _config.FOLD_MAX_BYTES
+        self._lazy = norms is not None or self.n_clusters * self.n_features * 8 > _config.FOLD_MAX_BYTES
         self._V = None
-        if self._lazy:
+        if norms is not None:
+            self.c_sq, chain_norms = (np.array(a, dtype=np.float64).reshape(self.n_clusters) for a in norms)
+        elif self._lazy:
             sq, dots = row_norms(self._meta, self._ptr, self._idx, self._val, self.n_clusters, self.n_features,
                                  None if self.mean is None else self._mu64)
             chain_norms = self.c_sq = sq
@@ -165,6 +172,11 @@ class FactorChainOperator(CentroidOperator):
                 V64 += self._mu64
             self._V = V64 if self.dtype == np.float64 else np.ascontiguousarray(V64, dtype=self.dtype)
         return self._V
+
+    @property
+    def norms(self):
+        """``(c_sq, chain_norms)``: ``||v_k||^2`` and what the chain paths add (``||w_k||^2 + 2 mu.w_k``); see ``norms=``."""
+        return self.c_sq, self._chain[-1]
 
     @property
     def holds_dense(self):
