@@ -340,6 +340,14 @@ def chain_block_csr_par(data, indices, indptr, width, chunk, meta, ptr, idx, val
 # Folding the chain into the dense V
 # --------------------------------------------------------------------------- #
 @njit(inline="always", **_JIT)
+def _fold_dims(meta, ptr):
+    """``Q, D, K``, the longest factor (rows of the buffers) and the column pointers of S_Q's CSC."""
+    Q = meta.shape[0] - 1
+    D = meta[0, 1]
+    return Q, D, meta[Q - 1, 0], _max_rows(meta), ptr[meta[Q, 2]:meta[Q, 2] + D + 1]
+
+
+@njit(inline="always", **_JIT)
 def _fold_block(meta, ptr, idx, val, cols, Q, m, width, c0, b):
     """Columns ``c0 .. c0+b`` of ``V``: the block of S_Q (from its CSC) pushed through the other factors; (m, width) buffer, rows 0..K-1 valid."""
     buf0 = np.zeros((m, width), dtype=val.dtype)
@@ -368,11 +376,7 @@ def fold_chain(
     fold whose (A, D) intermediates stream through memory (about 10x slower at
     1024 x 4096). Every column block is independent: no thread dependence.
     """
-    Q = meta.shape[0] - 1
-    D = meta[0, 1]
-    K = meta[Q - 1, 0]
-    m = _max_rows(meta)
-    cols = ptr[meta[Q, 2]:meta[Q, 2] + D + 1]
+    Q, D, K, m, cols = _fold_dims(meta, ptr)
     for blk in prange((D + width - 1) // width):
         c0 = blk * width
         b = min(width, D - c0)
@@ -395,12 +399,8 @@ def chain_norms(
     The same column blocks as :func:`fold_chain`; the caller adds the block
     sums in block order, so the result is independent of the thread count.
     """
-    Q = meta.shape[0] - 1
-    D = meta[0, 1]
-    K = meta[Q - 1, 0]
-    m = _max_rows(meta)
+    Q, D, K, m, cols = _fold_dims(meta, ptr)
     with_mu = mu.shape[0] > 0
-    cols = ptr[meta[Q, 2]:meta[Q, 2] + D + 1]
     for blk in prange((D + width - 1) // width):
         c0 = blk * width
         b = min(width, D - c0)
