@@ -14,6 +14,15 @@ one for each batch size is chosen by *measured wall time*:
     The folded ``V`` through BLAS (dense batches) or through
     :class:`qkm.operator.DenseOperator` (CSR batches).
 
+A small ``V`` (at most ``qkm._config.FOLD_MAX_BYTES`` in float64) is folded at
+construction and its row norms taken from it. A larger one is folded only when
+the dense path is timed or chosen, or :meth:`FactorChainOperator.to_dense` is
+called, and dropped again when the measured choice does not use it; its norms
+come from a streaming pass over the chain (same values up to rounding), or are
+given (``norms=``, as the distributed workers get them with the factors).
+Training operators (bit-identical calibration) never take the dense path, so a
+wide QK-means fit never holds a folded ``V``.
+
 All paths compute ``argmin_k (||v_k||^2 - 2 x.v_k)`` with the lowest index on
 ties; the fused and scipy paths add the products of every factor row in the
 same order, so they agree bit for bit (the dense path rounds like BLAS).
