@@ -43,6 +43,12 @@ ELKAN_FULL_PASS_FRACTION = 0.25
 #: scattered from CSR.
 SEEDING_DENSE_TERM_FRACTION = 0.1
 
+#: A factor-chain operator folds its dense ``V`` (float64) at construction when
+#: it takes at most this many bytes; a larger ``V`` is folded only when an
+#: execution path or ``to_dense()`` needs it (its row norms come from a
+#: streaming pass over the chain). Wide sparse fits never hold it.
+FOLD_MAX_BYTES = 16 * 2**20
+
 _DEFAULTS = dict(
     CHUNK_SIZE=CHUNK_SIZE,
     DENSE_BLOCK_ROWS=DENSE_BLOCK_ROWS,
@@ -53,6 +59,7 @@ _DEFAULTS = dict(
     SPARSE_CENTROID_COST_FACTOR=SPARSE_CENTROID_COST_FACTOR,
     ELKAN_FULL_PASS_FRACTION=ELKAN_FULL_PASS_FRACTION,
     SEEDING_DENSE_TERM_FRACTION=SEEDING_DENSE_TERM_FRACTION,
+    FOLD_MAX_BYTES=FOLD_MAX_BYTES,
 )
 
 

@@ -296,6 +296,22 @@ def test_qkmeans_same_result_as_in_memory(inproc_client, tmp_path_factory, data,
     assert assigned and all(r["storage"] == "shards" and r["sent_bytes"] > 0 for r in assigned)
 
 
+def test_qkmeans_with_a_large_v_never_folds_it(inproc_client, tmp_path_factory, data, monkeypatch):
+    """Every V counted as large: driver and workers use the streamed norms (sent with the factors), same fit."""
+    from qkm import _config
+    from qkm.factorization._chain import FactorChainOperator
+    monkeypatch.setattr(_config, "FOLD_MAX_BYTES", 0)
+    folded = []
+    real_fold = FactorChainOperator._fold64
+    monkeypatch.setattr(FactorChainOperator, "_fold64", lambda self: folded.append(1) or real_fold(self))
+    X = data["csr"]
+    sd = ShardedData(shards(tmp_path_factory, X, LAYOUTS["3 shards + empty"]), inproc_client)
+    kw = dict(QK, random_state=5)
+    got, ref = qkm.QKMeans(**kw).fit(sd), qkm.QKMeans(**kw).fit(X)
+    assert len(folded) == 2         # only for the two fits' cluster_centers_
+    assert_same_factored_fit(got, ref, inproc_client)
+
+
 def test_qkmeans_empty_cluster_and_lowrank_on_the_shards(inproc_client, tmp_path_factory, data):
     """An empty cluster repaired from the shards' candidates; LowRankKMeans runs the same loop."""
     X = data["csr"]

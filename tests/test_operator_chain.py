@@ -380,3 +380,53 @@ def test_a_kept_mean_is_added_to_every_centroid_on_every_path(name, dtype, spars
         FactorChainOperator(factors, mean=np.zeros(plain.n_features + 1))
     with pytest.raises(ValueError, match="non-finite"):
         FactorChainOperator(factors, mean=np.full(plain.n_features, np.nan))
+
+
+@pytest.mark.parametrize("with_mean", [False, True])
+@pytest.mark.parametrize("sparse", [False, True])
+def test_a_large_v_is_folded_only_when_a_path_needs_it(monkeypatch, with_mean, sparse):
+    from qkm import _config
+    factors = CHAINS["random-24x70-Q4"]
+    mean = np.random.default_rng(3).standard_normal(70) if with_mean else None
+    eager = FactorChainOperator(factors, mean=mean)
+    monkeypatch.setattr(_config, "FOLD_MAX_BYTES", 0)     # every V counts as large
+    lazy = FactorChainOperator(factors, mean=mean)
+    assert eager.holds_dense and not lazy.holds_dense and not lazy.describe()["holds_dense"]
+    # norms from the streaming pass: same values as from the folded V up to rounding
+    np.testing.assert_allclose(lazy.c_sq, eager.c_sq, rtol=1e-12)
+    np.testing.assert_allclose(lazy._chain[-1], eager._chain[-1], rtol=1e-12, atol=1e-12 * eager.c_sq.max())
+    X = samples(eager, 200, seed=5, sparse=sparse)
+    ref_labels, ref_best, gap = brute_force(eager.to_dense(), eager.c_sq, X)
+    clear = gap > 1e-9 * (1.0 + np.abs(ref_best))
+    for path in ("fused", "scipy"):      # the chain paths never fold
+        lazy.force_path(path)
+        labels, best = run(lazy, X)
+        np.testing.assert_array_equal(labels[clear], ref_labels[clear])
+        np.testing.assert_allclose(best, ref_best, rtol=1e-10, atol=1e-10 * eager.c_sq.max())
+        assert not lazy.holds_dense
+    lazy.force_path("dense")             # the dense path folds V (bit-identical to the eager fold) and keeps it
+    labels, _ = run(lazy, X)
+    np.testing.assert_array_equal(labels[clear], ref_labels[clear])
+    assert lazy.holds_dense
+    np.testing.assert_array_equal(lazy.to_dense(), eager.to_dense())
+    auto = FactorChainOperator(factors, mean=mean)       # measured: V kept only if "dense" won somewhere
+    auto.calibrate(200, sparse=sparse, X=X)
+    auto.apply(X)
+    chosen = {e["path"] for e in auto.timings_.values()}
+    assert auto.holds_dense == ("dense" in chosen)
+
+
+@pytest.mark.parametrize("with_mean", [False, True])
+def test_given_norms_are_used_as_they_are_and_nothing_is_folded(with_mean):
+    factors = CHAINS["irregular"]
+    mean = np.random.default_rng(8).standard_normal(31) if with_mean else None
+    ref = FactorChainOperator(factors, mean=mean, path="fused")
+    op = FactorChainOperator(factors, mean=mean, path="fused", norms=ref.norms)
+    assert not op.holds_dense
+    for a, b in zip(op.norms, ref.norms):
+        np.testing.assert_array_equal(a, b)
+    for sparse in (False, True):
+        X = samples(ref, 100, seed=2, sparse=sparse)
+        for got, want in zip(run(op, X), run(ref, X)):
+            np.testing.assert_array_equal(got, want)      # the same bits as the operator that computed them
+    np.testing.assert_array_equal(op.to_dense(), ref.to_dense())

@@ -33,7 +33,8 @@ shards on a Dask cluster, so both paths run this one loop):
 - ``means(U, repair, counts)``: the cluster means of those labels (rows of
   empty clusters kept from ``U``; with ``repair`` an empty cluster takes the
   point farthest from its centre, as :func:`qkm.clustering._empty.relocate_empty_clusters`),
-  ``counts`` (OUT) the sizes after the repair; returns ``(U_new, relocated)``;
+  ``counts`` (OUT) the sizes after the repair; returns ``(U_new, relocated)``
+  (``U`` may be overwritten when no cluster is empty: one K x D buffer);
 - ``refit_done(relocated)``: the means just kept (unless ``relocated``) are
   those of the current labels (the in-memory pass then recomputes only the
   clusters whose members change);
@@ -91,7 +92,8 @@ class InMemoryPass:
 
     def means(self, U, repair, counts):
         data = self.data
-        U_new, _, _, relocated = data.update(self._labels, U.copy(), lambda: data.sq_distances(self._partial),
+        # in place unless a cluster is empty (then U is left as it was for a retry without the repair)
+        U_new, _, _, relocated = data.update(self._labels, U, lambda: data.sq_distances(self._partial),
                                              self._means_of, counts=counts, repair=repair)
         return U_new, relocated
 
@@ -177,6 +179,8 @@ def factored_lloyd(data, centers_init, fitter, *, max_iter, tol, rng, polish_ite
         nonlocal U, state, operator
         U_prev = U
         U, relocated = passes.means(U_prev, True, counts)
+        if not relocated:
+            U_prev = None       # only a retry without the repair needs the old means: one K x D buffer less
         result = attempt(U, max_palm, polish)
         if relocated and result[0] > objective_now:
             U, _ = passes.means(U_prev, False, counts)

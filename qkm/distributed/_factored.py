@@ -58,7 +58,8 @@ class ShardPass:
 
     def assign(self, operator):
         self.round += 1
-        self.packs = (self.packs[1], T.ChainPack(operator.factors, operator.mean, self.dtype))
+        self.packs = (self.packs[1], T.ChainPack(operator.factors, operator.mean, self.dtype,
+                                                    getattr(operator, "norms", None)))
         self.part = part = self.sd.retrying(self._run)
         info = {"path": "+".join(sorted(set(part.paths))), "storage": "shards", "shard_seconds": part.seconds}
         return part.wcss, part.n_changed, {**info, **self.sd.traffic_since_last()}

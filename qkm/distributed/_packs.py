@@ -136,14 +136,17 @@ class ChainPack:
     mean : ndarray of shape (n_features,) or None
     dtype : numpy dtype
         The data's precision (the operator's).
+    norms : tuple of two ndarrays of shape (n_clusters,), default=None
+        The driver operator's ``norms``: the workers then never fold the
+        chain into ``V`` (nor pass over it for the norms).
     """
 
-    def __init__(self, factors, mean, dtype):
-        self.factors, self.mean, self.dtype = list(factors), mean, np.dtype(dtype)
+    def __init__(self, factors, mean, dtype, norms=None):
+        self.factors, self.mean, self.dtype, self.norms = list(factors), mean, np.dtype(dtype), norms
 
     @property
     def nbytes(self):
-        return sum(_nbytes(f) for f in self.factors) + _nbytes(self.mean)
+        return sum(_nbytes(f) for f in self.factors) + _nbytes(self.mean) + sum(_nbytes(a) for a in self.norms or ())
 
 
 _CALIBRATION = {}  # one measured choice of chain path per worker process (bit-identical paths only)
@@ -154,7 +157,8 @@ def _chain_operator(pack):
     from ..operator import FactorChainOperator
 
     calibration = _CALIBRATION.setdefault("chain", ChainCalibration(bit_identical=True))
-    op = FactorChainOperator(pack.factors, dtype=pack.dtype, calibration=calibration, mean=pack.mean)
+    op = FactorChainOperator(pack.factors, dtype=pack.dtype, calibration=calibration, mean=pack.mean,
+                             norms=getattr(pack, "norms", None))
     _CALIBRATION["chain"] = op.calibration  # a new one when the chain's shape changed
     return op
 

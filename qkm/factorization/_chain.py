@@ -14,6 +14,15 @@ one for each batch size is chosen by *measured wall time*:
     The folded ``V`` through BLAS (dense batches) or through
     :class:`qkm.operator.DenseOperator` (CSR batches).
 
+A small ``V`` (at most ``qkm._config.FOLD_MAX_BYTES`` in float64) is folded at
+construction and its row norms taken from it. A larger one is folded only when
+the dense path is timed or chosen, or :meth:`FactorChainOperator.to_dense` is
+called, and dropped again when the measured choice does not use it; its norms
+come from a streaming pass over the chain (same values up to rounding), or are
+given (``norms=``, as the distributed workers get them with the factors).
+Training operators (bit-identical calibration) never take the dense path, so a
+wide QK-means fit never holds a folded ``V``.
+
 All paths compute ``argmin_k (||v_k||^2 - 2 x.v_k)`` with the lowest index on
 ties; the fused and scipy paths add the products of every factor row in the
 same order, so they agree bit for bit (the dense path rounds like BLAS).
@@ -44,7 +53,7 @@ from . import _chain_block_kernels as CB
 from . import _chain_kernels as CK
 from .. import _config
 from ._chain_calibration import PATHS, ChainCalibration, bucket_of, measure
-from ._chain_layout import check_factors, check_mean, fold, pack
+from ._chain_layout import check_factors, check_mean, fold, pack, row_norms
 from ._operator_base import CentroidOperator, DenseOperator
 
 __all__ = ["FactorChainOperator"]
@@ -82,6 +91,11 @@ class FactorChainOperator(CentroidOperator):
         paths use ``argmin_k (||w_k||^2 + 2 mu.w_k - 2 x.w_k)`` (no ``x.mu`` for
         the labels; sparse samples stay sparse) and add ``||mu||^2 - 2 x.mu``
         for the distances.
+    norms : tuple of two ndarrays of shape (n_clusters,), default=None
+        :attr:`norms` of an operator of the same factors, dtype and mean:
+        taken as they are (no pass over the chain, no fold; the distributed
+        workers get them with the factors). ``V`` is then folded only when a
+        path or :meth:`to_dense` needs it.
 
     Attributes
     ----------
@@ -97,7 +111,7 @@ class FactorChainOperator(CentroidOperator):
         What was measured and chosen (``calibration.entries``).
     """
 
-    def __init__(self, factors, dtype=None, calibration=None, path="auto", mean=None):
+    def __init__(self, factors, dtype=None, calibration=None, path="auto", mean=None, norms=None):
         self.factors = check_factors(factors, dtype)
         self.dtype = self.factors[0].dtype
         self.n_clusters = self.factors[0].shape[0]
@@ -105,17 +119,31 @@ class FactorChainOperator(CentroidOperator):
         self.mean = check_mean(mean, self.n_features, self.dtype)
         self._nnz = int(sum(f.nnz for f in self.factors))
         self._meta, self._ptr, self._idx, self._val = pack(self.factors, self.dtype)
-        V64 = fold(self._meta, self._ptr, self._idx, self._val, self.n_clusters, self.n_features)
-        if self.mean is None:
-            chain_norms = self.c_sq = np.einsum("ij,ij->i", V64, V64)
-        else:                       # the chain holds W = V - mu: adjusted norms ||w||^2 + 2 mu.w
+        if self.mean is not None:
             self._mu64 = self.mean.astype(np.float64)
             self._mu_sq = float(self._mu64 @ self._mu64)
-            chain_norms = np.einsum("ij,ij->i", V64, V64) + 2.0 * (V64 @ self._mu64)
-            V64 += self._mu64
-            self.c_sq = np.einsum("ij,ij->i", V64, V64)
-        self._V = V64 if self.dtype == np.float64 else np.ascontiguousarray(V64, dtype=self.dtype)
-        del V64
+        # A small V is folded now (its norms from the folded rows); a large one only when a
+        # path or to_dense() needs it, its norms from a streaming pass (never a K x D buffer).
+        self._lazy = norms is not None or self.n_clusters * self.n_features * 8 > _config.FOLD_MAX_BYTES
+        self._V = None
+        if norms is not None:
+            self.c_sq, chain_norms = (np.array(a, dtype=np.float64).reshape(self.n_clusters) for a in norms)
+        elif self._lazy:
+            sq, dots = row_norms(self._meta, self._ptr, self._idx, self._val, self.n_clusters, self.n_features,
+                                 None if self.mean is None else self._mu64)
+            chain_norms = self.c_sq = sq
+            if self.mean is not None:       # the chain holds W = V - mu: adjusted norms ||w||^2 + 2 mu.w
+                chain_norms = sq + 2.0 * dots
+                self.c_sq = chain_norms + self._mu_sq
+        else:
+            V64 = self._fold64()
+            chain_norms = self.c_sq = np.einsum("ij,ij->i", V64, V64)
+            if self.mean is not None:
+                chain_norms = np.einsum("ij,ij->i", V64, V64) + 2.0 * (V64 @ self._mu64)
+                V64 += self._mu64
+                self.c_sq = np.einsum("ij,ij->i", V64, V64)
+            self._V = V64 if self.dtype == np.float64 else np.ascontiguousarray(V64, dtype=self.dtype)
+            del V64
         self._chain = (self._meta, self._ptr, self._idx, self._val, chain_norms)
         self._small_paths = {}  # (n, sparse) -> path, for batches of at most 16 rows
         self._dense_op = None
@@ -146,7 +174,32 @@ class FactorChainOperator(CentroidOperator):
         return self.calibration.entries
 
     def to_dense(self):
+        """The folded ``V`` (mean included) of ``dtype``; kept once built (see :attr:`holds_dense`)."""
+        if self._V is None:
+            V64 = self._fold64()
+            if self.mean is not None:
+                V64 += self._mu64
+            self._V = V64 if self.dtype == np.float64 else np.ascontiguousarray(V64, dtype=self.dtype)
         return self._V
+
+    @property
+    def norms(self):
+        """``(c_sq, chain_norms)``: ``||v_k||^2`` and what the chain paths add (``||w_k||^2 + 2 mu.w_k``); see ``norms=``."""
+        return self.c_sq, self._chain[-1]
+
+    @property
+    def holds_dense(self):
+        """Whether the operator holds the folded ``V`` now (a large ``V`` only while a chosen path uses it)."""
+        return self._V is not None
+
+    def _fold64(self):
+        return fold(self._meta, self._ptr, self._idx, self._val, self.n_clusters, self.n_features)
+
+    def _release_dense(self):
+        """Drop a lazily folded ``V`` unless a measured choice uses it."""
+        if self._lazy and not any(e["path"] == "dense" for e in self.calibration.entries.values()):
+            self._V = None
+            self._dense_op = None
 
     def apply(self, X):
         """``X @ V.T`` as an (n, n_clusters) array of ``dtype``: the CSR chain or the folded ``V``, whichever is measured faster.
@@ -170,7 +223,7 @@ class FactorChainOperator(CentroidOperator):
         return out
 
     def _dense_apply(self, X):
-        out = X @ self._V.T
+        out = X @ self.to_dense().T
         return np.ascontiguousarray(out, dtype=self.dtype)
 
     def _apply_path(self, n, sparse, X):
@@ -190,6 +243,7 @@ class FactorChainOperator(CentroidOperator):
             entry = {"path": min(per_row, key=per_row.get), "seconds_per_row": per_row, "rows_timed": int(m),
                      "threads": numba.get_num_threads(), "timing_seconds": time.perf_counter() - t0}
             self.calibration.entries[key] = entry
+            self._release_dense()
         return entry["path"]
 
     def partials(self, X, labels, partial_best):
@@ -269,6 +323,7 @@ class FactorChainOperator(CentroidOperator):
             "timing_seconds": time.perf_counter() - t0,
         }
         self.calibration.entries[self._key(name, sparse)] = entry
+        self._release_dense()
         return entry
 
     def describe(self):
@@ -276,6 +331,7 @@ class FactorChainOperator(CentroidOperator):
         out["n_factors"] = self.n_factors
         out["factor_shapes"] = [list(f.shape) for f in self.factors]
         out["execution_paths"] = {k: e["path"] for k, e in self.calibration.entries.items()}
+        out["holds_dense"] = self.holds_dense
         return out
 
     # -- internals --------------------------------------------------------- #
@@ -385,10 +441,10 @@ class FactorChainOperator(CentroidOperator):
     def _run_dense(self, X, labels, best):
         if sp.issparse(X):
             if self._dense_op is None:
-                self._dense_op = DenseOperator(self._V, c_sq=self.c_sq)
+                self._dense_op = DenseOperator(self.to_dense(), c_sq=self.c_sq)
             self._dense_op.partials(X, labels, best)
             return
-        VT = self._V.T
+        VT = self.to_dense().T
         step = _config.DENSE_BLOCK_ROWS
         for start in range(0, X.shape[0], step):
             CK.argmin_rows(X[start:start + step] @ VT, self.c_sq, start, labels, best)

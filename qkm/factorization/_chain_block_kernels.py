@@ -339,6 +339,31 @@ def chain_block_csr_par(data, indices, indptr, width, chunk, meta, ptr, idx, val
 # --------------------------------------------------------------------------- #
 # Folding the chain into the dense V
 # --------------------------------------------------------------------------- #
+@njit(inline="always", **_JIT)
+def _fold_dims(meta, ptr):
+    """``Q, D, K``, the longest factor (rows of the buffers) and the column pointers of S_Q's CSC."""
+    Q = meta.shape[0] - 1
+    D = meta[0, 1]
+    return Q, D, meta[Q - 1, 0], _max_rows(meta), ptr[meta[Q, 2]:meta[Q, 2] + D + 1]
+
+
+@njit(inline="always", **_JIT)
+def _fold_block(meta, ptr, idx, val, cols, Q, m, width, c0, b):
+    """Columns ``c0 .. c0+b`` of ``V``: the block of S_Q (from its CSC) pushed through the other factors; (m, width) buffer, rows 0..K-1 valid."""
+    buf0 = np.zeros((m, width), dtype=val.dtype)
+    buf1 = np.empty((m, width), dtype=val.dtype)
+    for l in range(b):
+        j = np.uint64(c0 + l)
+        for q in range(cols[j], cols[j + _U1]):
+            buf0[idx[q], l] = val[q]
+    cur = buf0
+    nxt = buf1
+    for q in range(1, Q):
+        _factor_lanes(ptr, meta[q, 2], meta[q, 0], meta[q, 3], idx, val, cur, nxt, b)
+        cur, nxt = nxt, cur
+    return cur
+
+
 @njit(parallel=True, **_JIT)
 def fold_chain(
     meta, ptr, idx, val,            # IN  packed chain, val in the precision of V
@@ -351,25 +376,42 @@ def fold_chain(
     fold whose (A, D) intermediates stream through memory (about 10x slower at
     1024 x 4096). Every column block is independent: no thread dependence.
     """
-    Q = meta.shape[0] - 1
-    D = meta[0, 1]
-    K = meta[Q - 1, 0]
-    m = _max_rows(meta)
-    cols = ptr[meta[Q, 2]:meta[Q, 2] + D + 1]
+    Q, D, K, m, cols = _fold_dims(meta, ptr)
     for blk in prange((D + width - 1) // width):
         c0 = blk * width
         b = min(width, D - c0)
-        buf0 = np.zeros((m, width), dtype=val.dtype)
-        buf1 = np.empty((m, width), dtype=val.dtype)
-        for l in range(b):
-            j = np.uint64(c0 + l)
-            for q in range(cols[j], cols[j + _U1]):
-                buf0[idx[q], l] = val[q]
-        cur = buf0
-        nxt = buf1
-        for q in range(1, Q):
-            _factor_lanes(ptr, meta[q, 2], meta[q, 0], meta[q, 3], idx, val, cur, nxt, b)
-            cur, nxt = nxt, cur
+        cur = _fold_block(meta, ptr, idx, val, cols, Q, m, width, c0, b)
         for k in range(K):
             for l in range(b):
                 V[k, c0 + l] = cur[k, l]
+
+
+@njit(parallel=True, **_JIT)
+def chain_norms(
+    meta, ptr, idx, val,            # IN  packed chain, val in float64
+    width,                          # IN  columns of V per work unit (fixed: the sums do not depend on threads)
+    mu,                             # IN  (D,) float64 vector dotted with every row of V, or (0,) for none
+    sq,                             # OUT (n_blocks, K) sum over the block's columns of V[k, c]^2
+    dots,                           # OUT (n_blocks, K) sum over the block's columns of V[k, c] * mu[c]
+):
+    """Row norms (and dots with ``mu``) of ``V = S_1 ... S_Q`` per column block, without storing ``V``.
+
+    The same column blocks as :func:`fold_chain`; the caller adds the block
+    sums in block order, so the result is independent of the thread count.
+    """
+    Q, D, K, m, cols = _fold_dims(meta, ptr)
+    with_mu = mu.shape[0] > 0
+    for blk in prange((D + width - 1) // width):
+        c0 = blk * width
+        b = min(width, D - c0)
+        cur = _fold_block(meta, ptr, idx, val, cols, Q, m, width, c0, b)
+        for k in range(K):
+            s = 0.0
+            t = 0.0
+            for l in range(b):
+                v = cur[k, l]
+                s += v * v
+                if with_mu:
+                    t += v * mu[c0 + l]
+            sq[blk, k] = s
+            dots[blk, k] = t

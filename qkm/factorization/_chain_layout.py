@@ -12,7 +12,7 @@ import scipy.sparse as sp
 
 from . import _chain_block_kernels as CB
 
-__all__ = ["FOLD_WIDTH", "check_factors", "check_mean", "fold", "pack", "random_chain"]
+__all__ = ["FOLD_WIDTH", "check_factors", "check_mean", "fold", "pack", "random_chain", "row_norms"]
 
 #: Columns of V per work unit when folding the chain.
 FOLD_WIDTH = 64
@@ -79,6 +79,20 @@ def fold(meta, ptr, idx, val, n_clusters, n_features):
     V = np.empty((n_clusters, n_features), dtype=np.float64)
     CB.fold_chain(meta, ptr, idx, val.astype(np.float64), FOLD_WIDTH, V)
     return V
+
+
+def row_norms(meta, ptr, idx, val, n_clusters, n_features, mu=None):
+    """``(||v_k||^2, v_k.mu)`` of ``V = S_1 ... S_Q`` in float64, without storing ``V`` (``v_k.mu`` None without ``mu``).
+
+    Summed over the column blocks of :func:`fold` in block order: the same
+    for any thread count, not bit-identical to norms of the folded ``V``.
+    """
+    n_blocks = -(-n_features // FOLD_WIDTH)
+    sq = np.empty((n_blocks, n_clusters))
+    dots = np.empty((n_blocks, n_clusters))
+    mu_arg = np.zeros(0) if mu is None else np.ascontiguousarray(mu, dtype=np.float64)
+    CB.chain_norms(meta, ptr, idx, val.astype(np.float64), FOLD_WIDTH, mu_arg, sq, dots)
+    return sq.sum(axis=0), (None if mu is None else dots.sum(axis=0))
 
 
 def pack(factors, dtype):
