@@ -19,6 +19,7 @@ from sklearn.decomposition import PCA, TruncatedSVD
 from sklearn.exceptions import ConvergenceWarning
 
 from .. import _config
+from . import _search_batch as SB
 from . import _search_kernels as SK
 from . import _search_probe as SP
 from .._threads import numba_threads
@@ -328,6 +329,61 @@ class InvertedLists:
             else:
                 run(0, n_q)
         if np.isnan(out_d[:, 0]).any():  # rows that were not validated (the one-row fast path) and not finite
+            check_data(X)
+            raise ValueError("X holds values too large to square in float64.")
+        return out_d, out_i
+
+    def _row_norms(self):
+        """Squared norms of the stored rows (list order, float64) and their maximum, computed once."""
+        if getattr(self, "_yn", None) is None:
+            self._yn = centred_sq_norms(self.rows, np.zeros(self.rows.shape[1]))
+            self._ynmax = float(self._yn.max()) if self._yn.shape[0] else 0.0
+        return self._yn, self._ynmax
+
+    def search_grouped(self, X, k, nprobe, given=None, n_threads=1):
+        """``search`` by the grouped batch path (dense rows): every list read once for all its queries.
+
+        Same answers as :meth:`search` (see :mod:`qkm.approximate._search_batch`).
+        """
+        if self.sparse:
+            raise ValueError("the grouped batch path needs dense rows.")
+        n_q = X.shape[0]
+        out_d = np.empty((n_q, k))
+        out_i = np.empty((n_q, k), dtype=np.int64)
+        if n_q == 0:
+            return out_d, out_i
+        Q = self._queries(X)[0]
+        pd = self.list_distances(Q, n_threads) if given is None else np.ascontiguousarray(given, dtype=np.float64)
+        base, grp_ptr, grp_q, grp_slot = SB.plan(pd, self.sizes, int(nprobe), int(k))
+        approx = np.empty(base[-1])
+        pos = np.empty(base[-1], dtype=np.int64)
+        qn = np.einsum("ij,ij->i", Q, Q)
+        yn, ynmax = self._row_norms()
+        rows = self.rows
+        n_terms = rows.shape[1] + 4
+        unit = np.finfo(rows.dtype).eps / 2
+        gamma = 2.0 * n_terms * unit / (1.0 - n_terms * unit)
+        Qc = Q.astype(rows.dtype)
+        L = self.n_lists
+        parts = max(1, min(n_threads, L))
+        cuts = np.searchsorted(grp_ptr, np.linspace(0, grp_ptr[-1], parts + 1)[1:-1])
+        list_bounds = list(zip([0, *cuts], [*cuts, L]))
+        q_bounds = [(s, min(s + BATCH_CHUNK, n_q)) for s in range(0, n_q, BATCH_CHUNK)]
+
+        def scan(c0, c1):
+            SB.scan_lists(c0, c1, Qc, qn, rows, yn, self.offsets, grp_ptr, grp_q, grp_slot, approx, pos)
+
+        def finish(i0, i1):
+            SB.finish(i0, i1, Q, qn, gamma, ynmax, base, approx, pos, rows, self.row_ids, out_d, out_i)
+
+        if n_threads > 1:
+            with ThreadPoolExecutor(max_workers=n_threads) as pool:
+                list(pool.map(lambda b: scan(*b), list_bounds))
+                list(pool.map(lambda b: finish(*b), q_bounds))
+        else:
+            scan(0, L)
+            finish(0, n_q)
+        if np.isnan(out_d[:, 0]).any():
             check_data(X)
             raise ValueError("X holds values too large to square in float64.")
         return out_d, out_i
