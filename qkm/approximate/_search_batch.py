@@ -80,12 +80,35 @@ def plan(pd, sizes, nprobe, k):
 @njit(**_JIT_DOT)
 def _dots(G, g, y, out):  # IN G (>= g, D), y (D,); OUT out (>= g,): G[j] . y in any order
     D = y.shape[0]
-    for j in range(g):
-        row = G[j]
-        s = 0.0
+    zero = y[0] * 0
+    j = 0
+    while j + 4 <= g:  # four queries per pass over the row
+        r0 = G[j]
+        r1 = G[j + 1]
+        r2 = G[j + 2]
+        r3 = G[j + 3]
+        s0 = zero
+        s1 = zero
+        s2 = zero
+        s3 = zero
         for t in range(D):
-            s += row[t] * y[t]
-        out[j] = s
+            v = y[t]
+            s0 += r0[t] * v
+            s1 += r1[t] * v
+            s2 += r2[t] * v
+            s3 += r3[t] * v
+        out[j] = s0
+        out[j + 1] = s1
+        out[j + 2] = s2
+        out[j + 3] = s3
+        j += 4
+    while j < g:
+        r0 = G[j]
+        s0 = zero
+        for t in range(D):
+            s0 += r0[t] * y[t]
+        out[j] = s0
+        j += 1
 
 
 @njit(**_JIT)
@@ -160,3 +183,4 @@ def finish(i0, i1, Q, qn, gamma, ynmax, base, approx, pos, rows, row_ids, out_d,
                     _insert(d, row_ids[p], od, oi)
         for t in range(k):
             od[t] = np.sqrt(od[t])
+
