@@ -42,12 +42,13 @@ BATCH_MIN_ROWS = 8
 BATCH_CHUNK = 64
 #: When the grouped batch path (:mod:`qkm.approximate._search_batch`) runs instead of the per-query one:
 #: dense rows, ``k >= GROUPED_MIN_K``, ``nprobe <= GROUPED_MAX_NPROBE`` and at least
-#: ``GROUPED_MIN_QUERIES_PER_LIST`` queries per list on average. Measured on Fashion-MNIST (980 lists, 1 thread,
-#: CPU time per 1,000 queries): k = 10, nprobe 13: grouped 7,900 q/s, per-query 5,800-6,100; k = 1, nprobe 13:
-#: per-query 10,200-11,200, grouped 8,200-8,700; nprobe 52: per-query ahead at k = 1 and k = 10 (the per-query
-#: bounds prune far lists cheaply; the grouped scan reads every probed row in full); 100 queries: per-query ahead.
+#: ``GROUPED_MIN_QUERIES_PER_LIST`` queries per list on average. Measured on Fashion-MNIST (980 lists, batches of
+#: 1,000, 1 thread, CPU q/s; ``benchmarks/results/ann_batch_paths.md``): k = 10, nprobe 13: grouped 7,600-7,900,
+#: per-query 5,200-6,000 (one run 7,800 each); k = 10, nprobe 26: a tie (4,400-4,600 both); k = 1: per-query ahead
+#: at every nprobe (10,300 vs 8,200 at nprobe 13): its bounds read 64 of the 784 features for most rows, the
+#: grouped scan reads all of them; 100 queries (about one per list): per-query ahead.
 GROUPED_MIN_K = 8
-GROUPED_MAX_NPROBE = 32
+GROUPED_MAX_NPROBE = 16
 GROUPED_MIN_QUERIES_PER_LIST = 8
 #: One-sided confidence of the recall bound used by ``nprobe="auto"`` (Wilson score, z = 1.2816: 90 %).
 CALIBRATION_Z = 1.2816
