@@ -19,6 +19,7 @@ from sklearn.decomposition import PCA, TruncatedSVD
 from sklearn.exceptions import ConvergenceWarning
 
 from .. import _config
+from . import _search_batch as SB
 from . import _search_kernels as SK
 from . import _search_probe as SP
 from .._threads import numba_threads
@@ -39,6 +40,16 @@ QUANTIZER_ITER = 20
 BATCH_MIN_ROWS = 8
 #: Queries per work unit of a batch (threads take them in turn; answers do not depend on the split).
 BATCH_CHUNK = 64
+#: When the grouped batch path (:mod:`qkm.approximate._search_batch`) runs instead of the per-query one:
+#: dense rows, ``k >= GROUPED_MIN_K``, ``nprobe <= GROUPED_MAX_NPROBE`` and at least
+#: ``GROUPED_MIN_QUERIES_PER_LIST`` queries per list on average. Measured on Fashion-MNIST (980 lists, batches of
+#: 1,000, 1 thread, CPU q/s; ``benchmarks/results/ann_batch_paths.md``): k = 10, nprobe 13: grouped 7,600-7,900,
+#: per-query 5,200-6,000 (one run 7,800 each); k = 10, nprobe 26: a tie (4,400-4,600 both); k = 1: per-query ahead
+#: at every nprobe (10,300 vs 8,200 at nprobe 13): its bounds read 64 of the 784 features for most rows, the
+#: grouped scan reads all of them; 100 queries (about one per list): per-query ahead.
+GROUPED_MIN_K = 8
+GROUPED_MAX_NPROBE = 16
+GROUPED_MIN_QUERIES_PER_LIST = 8
 #: One-sided confidence of the recall bound used by ``nprobe="auto"`` (Wilson score, z = 1.2816: 90 %).
 CALIBRATION_Z = 1.2816
 
@@ -292,13 +303,19 @@ class InvertedLists:
             X = X.toarray()
         return np.ascontiguousarray(X, dtype=np.float64), _EMPTY_F64, _EMPTY_I32, _ZERO_PTR
 
-    def search(self, X, k, nprobe, given=None, n_threads=1):
+    def search(self, X, k, nprobe, given=None, n_threads=1, path="auto"):
         """``(distances, row ids)`` (n_q, k) of the ``k`` nearest rows in the ``nprobe`` nearest lists.
 
         ``given`` (n_q, n_lists) float64: the queries' distances to the lists
-        when they are not the index's own.
+        when they are not the index's own. ``path``: ``"per-query"``,
+        ``"grouped"`` (dense rows) or ``"auto"`` (:meth:`grouped_pays`); the
+        path that ran is left in ``last_path``. Both give the same answers.
         """
         n_q = X.shape[0]
+        if path == "grouped" or (path == "auto" and self.grouped_pays(n_q, k, nprobe)):
+            self.last_path = "grouped"
+            return self.search_grouped(X, k, nprobe, given, n_threads)
+        self.last_path = "per-query"
         out_d = np.empty((n_q, k))
         out_i = np.empty((n_q, k), dtype=np.int64)
         if n_q == 0:
@@ -328,6 +345,66 @@ class InvertedLists:
             else:
                 run(0, n_q)
         if np.isnan(out_d[:, 0]).any():  # rows that were not validated (the one-row fast path) and not finite
+            check_data(X)
+            raise ValueError("X holds values too large to square in float64.")
+        return out_d, out_i
+
+    def grouped_pays(self, n_q, k, nprobe):
+        """Whether the grouped batch path is the faster one for this batch (measured; see ``GROUPED_*``)."""
+        return (not self.sparse and k >= GROUPED_MIN_K and nprobe <= GROUPED_MAX_NPROBE
+                and n_q * min(nprobe, self.n_lists) >= GROUPED_MIN_QUERIES_PER_LIST * self.n_lists)
+
+    def _row_norms(self):
+        """Squared norms of the stored rows (list order, float64) and their maximum, computed once."""
+        if getattr(self, "_yn", None) is None:
+            self._yn = centred_sq_norms(self.rows, np.zeros(self.rows.shape[1]))
+            self._ynmax = float(self._yn.max()) if self._yn.shape[0] else 0.0
+        return self._yn, self._ynmax
+
+    def search_grouped(self, X, k, nprobe, given=None, n_threads=1):
+        """``search`` by the grouped batch path (dense rows): every list read once for all its queries.
+
+        Same answers as :meth:`search` (see :mod:`qkm.approximate._search_batch`).
+        """
+        if self.sparse:
+            raise ValueError("the grouped batch path needs dense rows.")
+        n_q = X.shape[0]
+        out_d = np.empty((n_q, k))
+        out_i = np.empty((n_q, k), dtype=np.int64)
+        if n_q == 0:
+            return out_d, out_i
+        Q = self._queries(X)[0]
+        pd = self.list_distances(Q, n_threads) if given is None else np.ascontiguousarray(given, dtype=np.float64)
+        base, grp_ptr, grp_q, grp_slot = SB.plan(pd, self.sizes, int(nprobe), int(k))
+        approx = np.empty(base[-1])
+        pos = np.empty(base[-1], dtype=np.int64)
+        qn = np.einsum("ij,ij->i", Q, Q)
+        yn, ynmax = self._row_norms()
+        rows = self.rows
+        n_terms = rows.shape[1] + 4
+        unit = np.finfo(rows.dtype).eps / 2
+        gamma = 2.0 * n_terms * unit / (1.0 - n_terms * unit)
+        Qc = Q.astype(rows.dtype)
+        L = self.n_lists
+        parts = max(1, min(n_threads, L))
+        cuts = np.searchsorted(grp_ptr, np.linspace(0, grp_ptr[-1], parts + 1)[1:-1])
+        list_bounds = list(zip([0, *cuts], [*cuts, L]))
+        q_bounds = [(s, min(s + BATCH_CHUNK, n_q)) for s in range(0, n_q, BATCH_CHUNK)]
+
+        def scan(c0, c1):
+            SB.scan_lists(c0, c1, Qc, qn, rows, yn, self.offsets, grp_ptr, grp_q, grp_slot, approx, pos)
+
+        def finish(i0, i1):
+            SB.finish(i0, i1, Q, qn, gamma, ynmax, base, approx, pos, rows, self.row_ids, out_d, out_i)
+
+        if n_threads > 1:
+            with ThreadPoolExecutor(max_workers=n_threads) as pool:
+                list(pool.map(lambda b: scan(*b), list_bounds))
+                list(pool.map(lambda b: finish(*b), q_bounds))
+        else:
+            scan(0, L)
+            finish(0, n_q)
+        if np.isnan(out_d[:, 0]).any():
             check_data(X)
             raise ValueError("X holds values too large to square in float64.")
         return out_d, out_i

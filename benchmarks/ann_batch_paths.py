@@ -1,0 +1,100 @@
+"""qkm.ClusterIndex batch paths side by side: per query against grouped by probed list (Fashion-MNIST).
+
+Rerun (from the repository root; reuses ``ann.py``'s saved index when it exists, else fits and saves it)::
+
+    .venv/bin/python benchmarks/ann_batch_paths.py --out benchmarks/results/ann_batch_paths
+
+Batches of 1,000 test images against the 60,000 training images, 1 thread,
+``ClusterIndex`` default settings (the index of ``ann.py``). For every
+(k, nprobe) both paths of ``InvertedLists.search`` (``path="per-query"`` and
+``path="grouped"``) run on the same batches in turn, ``--rounds`` rounds;
+medians of wall-clock queries/s and of process CPU queries/s (the CPU figure is
+less disturbed by other jobs on a shared machine). ``auto`` is the path
+``query`` picks. Answers of the two paths are checked identical.
+"""
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--queries", type=int, default=3000)
+    p.add_argument("--data-dir", default=str(REPO.parent / "shared" / "data"))
+    p.add_argument("--cache-dir", default=str(REPO / "benchmarks" / ".cache"))
+    p.add_argument("--out", default=None, help="write <out>.json and <out>.md")
+    args = p.parse_args()
+    from threadpoolctl import threadpool_limits
+
+    import qkm
+    from ann import load_fashion
+    from qkm._threads import numba_threads
+    from qkm.export import load_model, save_model
+
+    threadpool_limits(1)
+    X, Q = load_fashion(args.data_dir)
+    path = Path(args.cache_dir) / "ann_fmnist_qkmeans_k64_index.qkm"
+    if not path.exists():
+        model = qkm.QKMeans(64, sparsity_level=3, random_state=0, n_jobs=1).fit(X)
+        save_model(model, path, index=qkm.ClusterIndex(model, random_state=0, n_jobs=1).fit(X))
+    index = load_model(str(path)).index
+    lists = index._lists
+    batches = [np.ascontiguousarray(Q[s:s + 1000]) for s in range(0, min(args.queries, Q.shape[0]), 1000)]
+    load_before = os.getloadavg()
+    rows = []
+    with numba_threads(1):
+        lists.search(batches[0][:50], 10, 13, path="grouped")  # compile
+        for k in (1, 10):
+            for nprobe in sorted({index.nprobe_, 2 * index.nprobe_, 4 * index.nprobe_}):
+                for b in batches:
+                    a, g = (lists.search(b, k, nprobe, path=pth) for pth in ("per-query", "grouped"))
+                    assert np.array_equal(a[0], g[0]) and np.array_equal(a[1], g[1]), "paths disagree"
+                wall, cpu = {"per-query": [], "grouped": []}, {"per-query": [], "grouped": []}
+                for _ in range(args.rounds):
+                    for pth in wall:
+                        t, c = time.perf_counter(), time.process_time()
+                        for b in batches:
+                            lists.search(b, k, nprobe, path=pth)
+                        n = sum(len(b) for b in batches)
+                        wall[pth].append(n / (time.perf_counter() - t))
+                        cpu[pth].append(n / (time.process_time() - c))
+                chosen = "grouped" if lists.grouped_pays(1000, k, nprobe) else "per-query"
+                row = dict(k=k, nprobe=int(nprobe), auto=chosen, load=[round(v, 2) for v in os.getloadavg()],
+                           **{f"{pth} q/s": float(np.median(wall[pth])) for pth in wall},
+                           **{f"{pth} CPU q/s": float(np.median(cpu[pth])) for pth in cpu})
+                rows.append(row)
+                print(row, flush=True)
+    result = dict(command="python benchmarks/ann_batch_paths.py " + " ".join(sys.argv[1:]),
+                  n_indexed=int(X.shape[0]), n_queries=sum(len(b) for b in batches), n_lists=int(lists.n_lists),
+                  nprobe_auto=int(index.nprobe_), rounds=args.rounds,
+                  load_before=[round(v, 2) for v in load_before], load_after=[round(v, 2) for v in os.getloadavg()],
+                  rows=rows)
+    if args.out:
+        Path(args.out + ".json").write_text(json.dumps(result, indent=1) + "\n")
+        lines = ["# ClusterIndex batch paths: per query against grouped by probed list", "",
+                 "Produced by `benchmarks/ann_batch_paths.py`; rerun with:", "",
+                 f"    .venv/bin/python benchmarks/ann_batch_paths.py {' '.join(sys.argv[1:])}", "",
+                 f"Fashion-MNIST, {result['n_indexed']:,} rows indexed, {result['n_queries']:,} queries in batches of "
+                 f"1,000, 1 thread, {result['n_lists']} lists (nprobe auto = {result['nprobe_auto']}), median of "
+                 f"{args.rounds} interleaved rounds. Load average before {result['load_before']}, after "
+                 f"{result['load_after']} (2 shared cores): wall-clock q/s is disturbed by other jobs, CPU q/s less.",
+                 "", "| k | nprobe | per-query q/s | grouped q/s | per-query CPU q/s | grouped CPU q/s | auto picks "
+                 "| load |", "|---|---|---|---|---|---|---|---|"]
+        for r in rows:
+            lines.append(f"| {r['k']} | {r['nprobe']} | {r['per-query q/s']:,.0f} | {r['grouped q/s']:,.0f} | "
+                         f"{r['per-query CPU q/s']:,.0f} | {r['grouped CPU q/s']:,.0f} | {r['auto']} | {r['load']} |")
+        Path(args.out + ".md").write_text("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()
