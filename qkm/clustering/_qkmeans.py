@@ -313,17 +313,11 @@ default="k-means++"
         and the model is ``n_features`` values smaller. Sparse data stay sparse
         either way.
     budget_split : {"even", "wide"}, default="even"
-        How the values are split between the factors. "even": every factor
-        keeps ``s * max(r, c)``, as the paper's code. "wide": every factor
-        but the widest (the ``A x D`` one when ``K < D``, the ``K x A`` one
-        when ``K > D``) keeps ``(s - 1) * max(r, c)`` (at least ``max(r, c)``)
-        and the widest the rest: at K = 64, D = 784, s = 3 the eight 64 x 64
-        factors keep 128 values each and the 64 x 784 one 2,864; "even"
-        when no factor is the widest (``K == D``). Measured on Fashion-MNIST
-        and COIL-20 (K = 64, 20 iterations, seeds 0, 1, 2; see
-        ``benchmarks/results/qkmeans_budget_split.md``) "wide" loses clusters
-        (its start zeroes rows of the first factor) and reaches a higher
-        objective, hence "even".
+        "even": every factor keeps ``s * max(r, c)``, as the paper's code.
+        "wide": the same total, ``(s - 1) * max(r, c)`` for every factor but
+        the widest (``A x D``, or ``K x A`` when ``K > D``), which takes the
+        rest. "wide" lost clusters and reached a higher objective on
+        Fashion-MNIST and COIL-20 (``benchmarks/results/qkmeans_budget_split.md``).
     random_state : int, RandomState instance or None, default=None
     n_jobs : int or None, default=None
         numba threads.
