@@ -55,8 +55,9 @@ def main():
     args = p.parse_args()
     if args.render_from:
         parts = [json.loads(Path(f).read_text()) for f in args.render_from.split(",")]
+        merge = ".venv/bin/python benchmarks/qkmeans_budget_split.py " + shlex.join(sys.argv[1:])
         return write(args.out, [r for part in parts for r in part["rows"]], [e for part in parts for e in part["env"]],
-                     [c for part in parts for c in part["command"]])
+                     [c for part in parts for c in part["command"]] + [merge])
     for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS"):
         os.environ[var] = "1"
     import numpy as np
