@@ -24,6 +24,14 @@ run 20 Lloyd iterations on the raw data. The splits alternate their order from
 seed to seed; ``ratio`` is the objective over K-means' after 20 iterations.
 CPU seconds are ``time.process_time`` of the fit; threads are pinned to 1
 before numpy is imported, and the one-minute load is recorded with every fit.
+
+``--kmeans-ks 56,58,60,62,64`` runs K-means only, the check behind the
+``clusters`` column: ``qkm.KMeans`` at each of these K (the protocol's seeds
+drawn at that K, 20 Lloyd iterations) on every data set of ``--cells``, with
+AMI and objective per K (does AMI against 10 classes rise as K falls?)::
+
+    .venv/bin/python benchmarks/qkmeans_budget_split.py --cells fashion-mnist:64:3,coil20:64:3 \\
+        --kmeans-ks 56,58,60,62,64 --out benchmarks/results/qkmeans_budget_split_kmeans_k
 """
 
 import argparse
@@ -52,6 +60,8 @@ def main():
     p.add_argument("--data-dir", default=str(REPO.parent / "shared" / "data"))
     p.add_argument("--out", default=None, help="write <out>.json and <out>.md")
     p.add_argument("--render-from", default=None, help="comma-separated JSONs of parts run side by side: merge them")
+    p.add_argument("--kmeans-ks", default=None,
+                   help="K-means only: comma-separated K to fit on the data sets of --cells (AMI and objective per K)")
     args = p.parse_args()
     if args.render_from:
         parts = [json.loads(Path(f).read_text()) for f in args.render_from.split(",")]
@@ -69,6 +79,8 @@ def main():
     from qkm.clustering._qkmeans import _ChainFitter
 
     load_before = os.getloadavg()
+    if args.kmeans_ks:
+        return kmeans_by_k(args, load_before)
     splits = args.splits.split(",")
     rows, data = [], {}
     for cell in args.cells.split(","):
@@ -98,9 +110,62 @@ def main():
                 print(rows[-1], flush=True)
     env = dict(python=platform.python_version(), numpy=np.__version__, qkm=qkm.__version__, cpus=os.cpu_count(),
                threads=1, loadavg_before=load_before, loadavg_after=os.getloadavg())
-    command = ".venv/bin/python benchmarks/qkmeans_budget_split.py" + (
+    write(args.out, rows, [env], [_command()])
+
+
+def _command():
+    return ".venv/bin/python benchmarks/qkmeans_budget_split.py" + (
         "" if len(sys.argv) <= 1 else " " + shlex.join(sys.argv[1:]))
-    write(args.out, rows, [env], [command])
+
+
+def kmeans_by_k(args, load_before):
+    """``qkm.KMeans`` at every K of ``--kmeans-ks`` from the protocol's seeds: AMI and objective per K."""
+    import numpy as np
+    from sklearn.cluster import kmeans_plusplus
+    from sklearn.metrics import adjusted_mutual_info_score
+
+    import qkm
+
+    ks = [int(v) for v in args.kmeans_ks.split(",")]
+    rows = []
+    for name in dict.fromkeys(cell.split(":")[0] for cell in args.cells.split(",")):
+        X, y = load_dataset(name, args.data_dir, dtype=np.float32)
+        mean = X.mean(axis=0, dtype=np.float64)
+        for seed in [int(v) for v in args.seeds.split(",")]:
+            for K in ks if seed % 2 == 0 else ks[::-1]:
+                init = (kmeans_plusplus((X - mean).astype(np.float32), K, random_state=seed)[0] + mean).astype(np.float32)
+                c = time.process_time()
+                km = qkm.KMeans(K, init=init, n_init=1, max_iter=ITERATIONS, tol=0.0).fit(X)
+                cpu = time.process_time() - c
+                rows.append(dict(dataset=name, K=K, seed=seed, objective=float(km.inertia_),
+                                 ami=float(adjusted_mutual_info_score(y, km.labels_)),
+                                 clusters=int(np.unique(km.labels_).size), cpu=cpu, load=os.getloadavg()[0]))
+                print(rows[-1], flush=True)
+    env = dict(python=platform.python_version(), numpy=np.__version__, qkm=qkm.__version__, cpus=os.cpu_count(),
+               threads=1, loadavg_before=load_before, loadavg_after=os.getloadavg())
+    lines = ["# K-means AMI and objective against K (the protocol of `qkmeans_budget_split.py`)", "",
+             "Produced by `benchmarks/qkmeans_budget_split.py`; rerun with:", "", "    " + _command(), "",
+             f"Environment: {env}.", "",
+             "`qkm.KMeans(K, init=seeds, max_iter=20, tol=0)` from scikit-learn's `kmeans_plusplus` seeds drawn at "
+             "each K on the centred float32 data (plus the mean); `objective` is the inertia after 20 iterations, "
+             f"`/ K={ks[-1]}` its ratio to the mean at K = {ks[-1]}, `load` the one-minute load after each fit.", "",
+             "| data set | K | AMI (mean) | per seed | objective (mean) | per seed | "
+             f"/ K={ks[-1]} | clusters per seed | CPU s (mean) | load |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for name in dict.fromkeys(r["dataset"] for r in rows):
+        last = np.mean([r["objective"] for r in rows if r["dataset"] == name and r["K"] == ks[-1]])
+        for K in ks:
+            rs = sorted((r for r in rows if r["dataset"] == name and r["K"] == K), key=lambda r: r["seed"])
+            obj = np.mean([r["objective"] for r in rs])
+            lines.append(f"| {name} | {K} | {np.mean([r['ami'] for r in rs]):.4f} | "
+                         f"{', '.join(format(r['ami'], '.4f') for r in rs)} | {obj:.1f} | "
+                         f"{', '.join(format(r['objective'], '.1f') for r in rs)} | {obj / last:.4f} | "
+                         f"{', '.join(str(r['clusters']) for r in rs)} | {np.mean([r['cpu'] for r in rs]):.1f} | "
+                         f"{', '.join(format(r['load'], '.1f') for r in rs)} |")
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if args.out:
+        Path(args.out + ".json").write_text(json.dumps(dict(env=[env], command=[_command()], rows=rows), indent=1))
+        Path(args.out + ".md").write_text(text)
 
 
 def write(out, rows, envs, commands):
