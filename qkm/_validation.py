@@ -250,6 +250,13 @@ def check_int(name, value, minimum):
     return int(value)
 
 
+def check_choice(name, value, choices):
+    """``value`` if it is one of the strings ``choices``, else a clear error."""
+    if not (isinstance(value, str) and value in choices):
+        raise ValueError(f"{name} must be one of {', '.join(repr(c) for c in choices)}; got {value!r}.")
+    return value
+
+
 def check_float(name, value, minimum=None):
     try:
         v = float(value)

@@ -27,8 +27,9 @@ from .factorization import _hierarchical
 from .factorization import _factorize
 from .factorization import _palm
 from .factorization import _projections
+from .factorization._lsq import BUDGET_SPLITS
 from ._threads import single_threaded_blas
-from ._validation import check_float, check_int, check_matrix, check_weights
+from ._validation import check_choice, check_float, check_int, check_matrix, check_weights
 
 __all__ = ["PalmResult", "chain_shapes", "factorize", "hierarchical_palm4msa", "palm4msa", "project_splincol"]
 
@@ -285,13 +286,13 @@ def hierarchical_palm4msa(target, n_factors, *, sparsity_level=3, weights=None, 
     return _result(state)
 
 
-def factorize(target, n_factors, *, sparsity_level=3, weights=None, max_iter=100, tol=1e-6):
+def factorize(target, n_factors, *, sparsity_level=3, weights=None, max_iter=100, tol=1e-6, budget_split="even"):
     """Factorise ``target`` into sparse factors with a budget of values per factor (QK-means' factorisation).
 
-    Minimises ``||diag(w) (T - S_1 ... S_Q)||_F^2`` where factor ``q`` of shape
-    ``(r, c)`` keeps at most ``sparsity_level * max(r, c)`` nonzeros (the
-    nominal budget of the QuickK-means reference code; shapes as
-    :func:`chain_shapes`). :func:`hierarchical_palm4msa` gives a first chain,
+    Minimises ``||diag(w) (T - S_1 ... S_Q)||_F^2`` where the chain (shapes as
+    :func:`chain_shapes`) keeps at most ``sum sparsity_level * max(r, c)``
+    nonzeros over its factors of shape ``(r, c)``, split per factor by
+    ``budget_split`` (see below). :func:`hierarchical_palm4msa` gives a first chain,
     then ``max_iter`` least-squares sweeps improve it: each factor in turn is
     solved exactly on a support, and the support is chosen afresh every sweep
     (greedy orthogonal least squares under the factor's budget for the first
@@ -314,6 +315,14 @@ def factorize(target, n_factors, *, sparsity_level=3, weights=None, max_iter=100
         Least-squares sweeps after the hierarchical start (``>= 0``).
     tol : float, default=1e-6
         Relative objective change that stops the sweeps (and the PALM runs of the start).
+    budget_split : {"even", "wide"}, default="even"
+        "even": factor ``q`` keeps at most ``sparsity_level * max(r, c)``
+        nonzeros (the nominal budget of the QuickK-means reference code).
+        "wide": the same total, but every factor except the widest (the last
+        when ``K < D``, the first when ``K > D``) keeps at most
+        ``(sparsity_level - 1) * max(r, c)`` (at least ``max(r, c)``) and the
+        widest the rest; the even split when no factor is the widest
+        (``K == D``). See :class:`qkm.QKMeans`.
 
     Returns
     -------
@@ -334,9 +343,10 @@ def factorize(target, n_factors, *, sparsity_level=3, weights=None, max_iter=100
     """
     T, _, w = _check_args(target, None, sparsity_level=sparsity_level, weights=weights, n_factors=n_factors, tol=tol,
                           max_iters=[("max_iter", max_iter, 0)])
+    check_choice("budget_split", budget_split, BUDGET_SPLITS)
     with single_threaded_blas():  # BLAS's thread count must not change the greedy supports
         state = _factorize.factorize(T, w, int(n_factors), int(sparsity_level), int(max_iter), float(tol),
-                                     target="dense")      # the documented algorithm (QKMeans picks per target)
+                                     target="dense", budget_split=budget_split)  # the documented algorithm
     return _result(state)
 
 

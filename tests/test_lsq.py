@@ -51,9 +51,48 @@ def test_rowcol_feasibility_is_a_max_flow():
     assert seen == {True, False}
 
 
-def test_factor_budgets_are_the_reference_nominal_counts():
+def test_default_budgets_are_the_reference_nominal_counts():
     assert factor_budgets(chain_shapes(64, 784, 9), 3) == [("sp", 192)] * 8 + [("sp", 2352)]
     assert factor_budgets([(40, 12), (12, 12)], 2) == [("sp", 80), ("sp", 24)]
+    assert factor_budgets([(40, 12), (12, 12)], 2, "even") == factor_budgets([(40, 12), (12, 12)], 2)
+
+
+def test_wide_budgets_move_a_value_per_row_to_the_widest_factor():
+    assert factor_budgets(chain_shapes(64, 784, 9), 3, "wide") == [("sp", 128)] * 8 + [("sp", 2864)]   # K < D: last
+    assert factor_budgets(chain_shapes(64, 784, 9), 5, "wide") == [("sp", 256)] * 8 + [("sp", 4432)]
+    assert factor_budgets(chain_shapes(256, 118, 8), 3, "wide") == [("sp", 1594)] + [("sp", 236)] * 7  # K > D: first
+    assert factor_budgets(chain_shapes(64, 784, 2), 3, "wide") == [("sp", 128), ("sp", 2416)]         # a chain of two
+    assert factor_budgets(chain_shapes(784, 64, 2), 3, "wide") == [("sp", 2416), ("sp", 128)]
+
+
+@pytest.mark.parametrize("K, D", [(64, 784), (784, 64), (5, 7), (7, 5), (1, 9), (9, 1), (2, 3), (12, 12), (1, 1)])
+@pytest.mark.parametrize("Q", [1, 2, 3, 6])
+@pytest.mark.parametrize("s", [1, 2, 3, 5])
+def test_wide_budgets_keep_the_even_total_and_fit_their_factors(K, D, Q, s):
+    shapes = chain_shapes(K, D, Q)
+    even = [k for _, k in factor_budgets(shapes, s, "even")]
+    wide = [k for _, k in factor_budgets(shapes, s, "wide")]
+    assert even == [min(s * max(r, c), r * c) for r, c in shapes]
+    assert sum(wide) == sum(even)
+    assert all(1 <= k <= r * c for k, (r, c) in zip(wide, shapes))
+    widths = [max(r, c) for r, c in shapes]
+    if s == 1 or Q == 1 or widths.count(max(widths)) > 1:   # nothing to move, or no widest factor (K == D)
+        assert wide == even
+        return
+    widest = widths.index(max(widths))
+    assert widest == (0 if K > D else Q - 1)
+    full = shapes[widest][0] * shapes[widest][1]
+    assert wide[widest] > even[widest] or wide[widest] == full
+    others = [q for q in range(Q) if q != widest]
+    if wide[widest] < full:                                  # the widest not full: the others keep (s - 1) per row
+        assert all(wide[q] == min((s - 1) * widths[q], even[q]) for q in others)
+
+
+def test_unknown_budget_split_raises():
+    with pytest.raises(ValueError, match="budget split"):
+        factor_budgets([(4, 8)], 2, "rows")
+    with pytest.raises(ValueError, match="budget_split must be one of 'even', 'wide'"):
+        factorize(np.ones((4, 8)), 2, budget_split="rows")
 
 
 # --------------------------------------------------------------------------- #
@@ -111,19 +150,23 @@ def test_greedy_ols_skips_dependent_atoms_and_empty_columns():
 # --------------------------------------------------------------------------- #
 # sweeps
 # --------------------------------------------------------------------------- #
+@pytest.mark.parametrize("split", ["wide", "even"])
 @pytest.mark.parametrize("shape", [(12, 40), (40, 12)])
-def test_sweeps_never_increase_the_objective_and_keep_the_budgets(rng, shape):
+def test_sweeps_never_increase_the_objective_and_keep_the_budgets(rng, shape, split):
     K, D = shape
     T = rng.standard_normal(shape)
     w = rng.uniform(0.0, 2.0, K)
     w[3] = 0.0
     first = hierarchical_palm4msa(T, 4, sparsity_level=2, weights=w, max_iter_split=5, max_iter_global=5,
                                   max_iter_final=5)
-    budgets = factor_budgets(chain_shapes(K, D, 4), 2)
+    budgets = factor_budgets(chain_shapes(K, D, 4), 2, split)
     st = lsq_palm(w[:, None] * T, w, list(first.factors), first.lambda_, budgets, 25, 0.0, 25)
     h = np.array(st.history)
     assert np.all(h[1:] <= h[:-1] * (1 + 1e-12))
-    assert h[0] <= first.objective * (1 + 1e-12)
+    # from the start projected on the budgets (splincol(2) keeps more than the wide split's inner budgets)
+    assert h[0] <= st.start_objective * (1 + 1e-12)
+    if split == "even":
+        assert h[0] <= first.objective * (1 + 1e-12)
     for f, (_, k) in zip(st.factors, budgets):
         assert np.count_nonzero(f) <= k
     factors = [st.lam * st.factors[0]] + st.factors[1:]

@@ -10,6 +10,8 @@ from qkm.clustering._factored_lloyd import factored_lloyd
 from qkm.clustering._qkmeans import _LowRankFitter, default_n_factors
 from qkm._threads import numba_threads
 from qkm.export import load_model, save_model
+from qkm.factorization._lsq import factor_budgets
+from qkm.palm4msa import chain_shapes
 
 import naive
 
@@ -65,6 +67,22 @@ def test_every_factor_keeps_its_budget(fitted):
     for f in qk.factors_:
         assert f.nnz <= s * max(f.shape)
     assert qk.nnz_ == qk.nnz_with_mean_
+
+
+@pytest.mark.parametrize("shape", [(120, 30), (120, 5)])          # K < D: the last factor is the widest; K > D: the first
+def test_wide_budget_split_keeps_its_budgets_and_brute_force_labels(blobs, shape):
+    rng = np.random.RandomState(1)
+    X = rng.rand(*shape)
+    K = 8
+    qk = QKMeans(K, sparsity_level=3, budget_split="wide", max_iter=6, palm_max_iter=20, random_state=0).fit(X)
+    budgets = factor_budgets(chain_shapes(K, shape[1], len(qk.factors_)), 3, "wide")
+    assert budgets != factor_budgets(chain_shapes(K, shape[1], len(qk.factors_)), 3)
+    for f, (_, k) in zip(qk.factors_, budgets):
+        assert f.nnz <= k
+    labels, _ = _brute_force(X, qk.cluster_centers_)
+    np.testing.assert_array_equal(qk.labels_, labels)
+    h = qk.objective_history_
+    assert np.all(np.diff(h) <= 1e-10 * h[:-1])
 
 
 @pytest.mark.parametrize("estimator", [QKMeans(6, sparsity_level=2, max_iter=8, palm_max_iter=20, random_state=0),
@@ -135,6 +153,8 @@ def test_more_clusters_than_features_and_float32(shape):
     ({"palm_max_iter": -1}, "palm_max_iter"),
     ({"palm_warm_iter": 2.0}, "palm_warm_iter"),
     ({"palm_tol": -1.0}, "palm_tol"),
+    ({"budget_split": "rows"}, "budget_split must be one of 'even', 'wide'"),
+    ({"budget_split": None}, "budget_split"),
     ({"max_iter": 0}, "max_iter"),
     ({"n_init": 0}, "n_init"),
     ({"init": "nope"}, "init must be"),

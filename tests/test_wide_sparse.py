@@ -100,6 +100,9 @@ def test_exact_start_on_sparse_seeds():
     P = st.lam * np.linalg.multi_dot([f.toarray() if sp.issparse(f) else f for f in st.factors])
     np.testing.assert_allclose(P, T, rtol=0, atol=1e-12)
     assert factorize(np.ones((6, 600)), None, 4, 1, 0, 1e-6, target="sparse").start == "hierarchical"
+    # the wide split keeps room for the identities (s - 1 >= 1 values per row) and gives the last factor more
+    wide = factorize(sp.csr_matrix(T), None, 4, 2, 0, 1e-6, target="sparse", budget_split="wide")
+    assert wide.start == "exact" and wide.objective == 0.0
     assert factorize(sp.csr_matrix(T), None, 4, 1, 0, 1e-6).target == "dense"          # auto: too narrow
 
 

@@ -19,11 +19,11 @@ from .._data import KMeansData
 from ._factored_lloyd import factored_lloyd
 from ._stopping import IterationLog
 from .._threads import effective_n_threads, numba_threads, single_threaded_blas
-from .._validation import check_data
+from .._validation import check_choice, check_data
 from ..factorization._chain_calibration import ChainCalibration
 from ..operator import FactorChainOperator
 from ..factorization._factorize import factorize, lsq_refit, sparse_target
-from ..factorization._lsq import factor_budgets
+from ..factorization._lsq import BUDGET_SPLITS, factor_budgets
 from ..factorization._palm import chain_shapes
 
 __all__ = ["QKMeans", "LowRankKMeans", "default_n_factors"]
@@ -70,7 +70,7 @@ SPARSE_WARM_SWEEPS, SPARSE_POLISH_SWEEPS = 1, 3
 # Fitters: how a structure is fitted to weighted means (see _factored_lloyd)
 # --------------------------------------------------------------------------- #
 class _ChainFitter:
-    """``V = lam S_1 ... S_Q``, factor ``q`` keeping at most ``s * max(rows, cols)`` values.
+    """``V = lam S_1 ... S_Q``, factor ``q`` keeping at most its budget (:func:`factor_budgets`, ``budget_split``).
 
     The seeds are factorised by :func:`qkm.factorization._lsq.factorize` (hierarchical
     palm4MSA, then least-squares sweeps within the budgets); every refit runs
@@ -87,8 +87,9 @@ class _ChainFitter:
     #: Least-squares sweeps on the seeds after the hierarchical start.
     INIT_SWEEPS = 0
 
-    def __init__(self, n_factors, sparsity_level, warm_iter, tol):
+    def __init__(self, n_factors, sparsity_level, warm_iter, tol, budget_split="even"):
         self.n_factors = n_factors
+        self.budget_split = budget_split
         self.sparsity_level = sparsity_level
         self.warm_iter = warm_iter
         self.tol = tol
@@ -96,8 +97,9 @@ class _ChainFitter:
 
     def initial(self, U, rng, weights=None):
         K, D = U.shape
-        self.budgets = factor_budgets(chain_shapes(K, D, self.n_factors), self.sparsity_level)
-        return factorize(U, weights, self.n_factors, self.sparsity_level, self.INIT_SWEEPS, self.tol)
+        self.budgets = factor_budgets(chain_shapes(K, D, self.n_factors), self.sparsity_level, self.budget_split)
+        return factorize(U, weights, self.n_factors, self.sparsity_level, self.INIT_SWEEPS, self.tol,
+                         budget_split=self.budget_split)
 
     def refit(self, U, weights, state, max_iter, polish=False):
         # on the active columns of U and of the last factor only (qkm.factorization._columns), and with U kept
@@ -252,9 +254,10 @@ class QKMeans(_FactoredKMeans):
     ``V = S_1 S_2 ... S_Q``, recomputes the cluster means ``U`` and refits the
     factors to ``diag(sqrt(n_k)) U`` (warm-started from the previous factors),
     which minimises the k-means objective for the current labels (Giffon et
-    al., 2021, Algorithm 1). Factor ``q`` of shape ``(r, c)`` keeps at most
-    ``sparsity_level * max(r, c)`` values, the nominal budget of the paper's
-    code (its projection keeps more). The first factors come from
+    al., 2021, Algorithm 1). The chain keeps at most ``sparsity_level *
+    max(r, c)`` values per factor of shape ``(r, c)`` in all, the nominal
+    budget of the paper's code (its projection keeps more), split by
+    ``budget_split``. The first factors come from
     hierarchical palm4MSA on the initial centres (on wide sparse data, when the
     seeds fit the last factor's budget, the exact chain of identities and the
     seeds); every refit then runs
@@ -274,9 +277,9 @@ class QKMeans(_FactoredKMeans):
     ----------
     n_clusters : int, default=8
     sparsity_level : int, default=3
-        ``s``, the paper's sparsity level: a factor of shape ``(r, c)`` keeps at
-        most ``s * max(r, c)`` nonzeros (``s (A (Q - 1) + D)`` in all when
-        ``K <= D``: 3,888 at K = 64, D = 784, s = 3).
+        ``s``, the paper's sparsity level: the chain keeps at most
+        ``s * max(r, c)`` nonzeros per factor of shape ``(r, c)`` in all
+        (``s (A (Q - 1) + D)`` when ``K <= D``: 3,888 at K = 64, D = 784, s = 3).
     n_factors : int or None, default=None
         Factors ``Q``; None gives ``floor(log2(max(K, D)))`` as the
         references do. Shapes are ``K x A``, ``A x A`` ..., ``A x D`` with
@@ -309,6 +312,12 @@ default="k-means++"
         1.073 times K-means' objective at s = 3, 1.023 vs 1.026 at s = 5,
         and the model is ``n_features`` values smaller. Sparse data stay sparse
         either way.
+    budget_split : {"even", "wide"}, default="even"
+        "even": every factor keeps ``s * max(r, c)``, as the paper's code.
+        "wide": the same total, ``(s - 1) * max(r, c)`` for every factor but
+        the widest (``A x D``, or ``K x A`` when ``K > D``), which takes the
+        rest. "wide" lost clusters and reached a higher objective on
+        Fashion-MNIST and COIL-20 (``benchmarks/results/qkmeans_budget_split.md``).
     random_state : int, RandomState instance or None, default=None
     n_jobs : int or None, default=None
         numba threads.
@@ -379,9 +388,10 @@ default="k-means++"
     def __init__(self, n_clusters=8, *, sparsity_level=3, n_factors=None, init="k-means++", d2_samples=None,
                  oversampling_factor=2.0, init_rounds=5, init_sample=None, n_init=1,
                  max_iter=50, tol=1e-4, palm_max_iter=None, palm_warm_iter=None, palm_tol=1e-6, center=False,
-                 random_state=None, n_jobs=None, verbose=0):
+                 budget_split="even", random_state=None, n_jobs=None, verbose=0):
         self.n_clusters = n_clusters
         self.sparsity_level = sparsity_level
+        self.budget_split = budget_split
         self.n_factors = n_factors
         self.init = init
         self.d2_samples = d2_samples
@@ -409,11 +419,12 @@ default="k-means++"
             if value is not None and not (is_int(value) and value >= 0):
                 raise ValueError(f"{name} must be None or an integer >= 0; got {value!r}.")
         check_nonnegative_float("palm_tol", self.palm_tol)
+        check_choice("budget_split", self.budget_split, BUDGET_SPLITS)
         self._check_common_params()
 
     def _make_fitter(self, n_clusters, n_features):
         n_factors = self.n_factors if self.n_factors is not None else default_n_factors(n_clusters, n_features)
-        return _ChainFitter(n_factors, self.sparsity_level, self.palm_warm_iter, self.palm_tol)
+        return _ChainFitter(n_factors, self.sparsity_level, self.palm_warm_iter, self.palm_tol, self.budget_split)
 
     def _polish_iter(self):
         return self.palm_max_iter

@@ -103,8 +103,10 @@ def _put_back(state, cmap):
     return state
 
 
-def factorize(T, w, n_factors, s, max_iter, tol, columns="auto", target="auto", last_support="auto"):
-    """The first factors of ``T``, then ``max_iter`` least-squares sweeps within :func:`factor_budgets`.
+def factorize(T, w, n_factors, s, max_iter, tol, columns="auto", target="auto", last_support="auto",
+              budget_split="even"):
+    """The first factors of ``T``, then ``max_iter`` least-squares sweeps within :func:`factor_budgets`
+    (split by ``budget_split``).
 
     The start is :func:`exact_start` when it applies (wide sparse data), else
     hierarchical palm4MSA (``splincol(s)``). ``T`` (ndarray or CSR) is
@@ -115,7 +117,7 @@ def factorize(T, w, n_factors, s, max_iter, tol, columns="auto", target="auto", 
     sparse = sparse_target(T, n_factors, target)
     cmap = ColumnMap.of(T, mode=columns)
     Tc = _take(cmap, T, sparse)
-    budgets = factor_budgets(chain_shapes(K, D, n_factors), s)
+    budgets = factor_budgets(chain_shapes(K, D, n_factors), s, budget_split)
     exact = exact_start(Tc, n_factors, budgets) if sparse else None
     if exact is None:
         first = hierarchical(Tc.toarray() if sp.issparse(Tc) else Tc, w, n_factors, s, *HIERARCHICAL_SWEEPS, tol,
