@@ -237,7 +237,7 @@ class InvertedLists:
         resid = np.sqrt(np.maximum(ny[:, None] - (cum[:, np.array(levels) - 1] if m else 0.0), 0.0))
         codec, encode = coordinate_codec(Z, store)
         S = encode(Z)
-        head_t = np.empty(n * h, dtype=S.dtype)
+        head_t = np.zeros(n * h + SK.HEAD_PAD, dtype=S.dtype)  # spare entries: the kernels read whole vectors
         for c in range(n_lists):
             lo, hi = offsets[c], offsets[c + 1]
             head_t[h * lo:h * hi] = S[lo:hi, :h].T.ravel()
