@@ -57,9 +57,11 @@ def main():
         for k in (1, 10):
             for nprobe in sorted({index.nprobe_, 2 * index.nprobe_, 4 * index.nprobe_}):
                 for b in batches:
-                    a, g = (lists.search(b, k, nprobe, path=pth) for pth in ("per-query", "grouped"))
-                    assert np.array_equal(a[0], g[0]) and np.array_equal(a[1], g[1]), "paths disagree"
-                wall, cpu = {"per-query": [], "grouped": []}, {"per-query": [], "grouped": []}
+                    a, *others = (lists.search(b, k, nprobe, path=pth) for pth in ("per-query", "grouped", "prefiltered"))
+                    for g in others:
+                        assert np.array_equal(a[0], g[0]) and np.array_equal(a[1], g[1]), "paths disagree"
+                wall = {"per-query": [], "grouped": [], "prefiltered": []}
+                cpu = {pth: [] for pth in wall}
                 for _ in range(args.rounds):
                     for pth in wall:
                         t, c = time.perf_counter(), time.process_time()
@@ -68,7 +70,7 @@ def main():
                         n = sum(len(b) for b in batches)
                         wall[pth].append(n / (time.perf_counter() - t))
                         cpu[pth].append(n / (time.process_time() - c))
-                chosen = "grouped" if lists.grouped_pays(1000, k, nprobe) else "per-query"
+                chosen = lists.batch_path(1000, k, nprobe)
                 row = dict(k=k, nprobe=int(nprobe), auto=chosen, load=[round(v, 2) for v in os.getloadavg()],
                            **{f"{pth} q/s": float(np.median(wall[pth])) for pth in wall},
                            **{f"{pth} CPU q/s": float(np.median(cpu[pth])) for pth in cpu})

@@ -20,9 +20,10 @@ from sklearn.exceptions import ConvergenceWarning
 
 from .. import _config
 from . import _search_batch as SB
+from . import _search_prefilter as SF
 from . import _search_kernels as SK
 from . import _search_probe as SP
-from .._threads import numba_threads
+from .._threads import numba_threads, one_blas_thread
 from .._validation import check_data
 
 __all__ = ["InvertedLists", "fit_basis", "fit_quantizer", "calibrate_nprobe", "nearest_clusters", "probe_lists"]
@@ -40,16 +41,17 @@ QUANTIZER_ITER = 20
 BATCH_MIN_ROWS = 8
 #: Queries per work unit of a batch (threads take them in turn; answers do not depend on the split).
 BATCH_CHUNK = 64
-#: When the grouped batch path (:mod:`qkm.approximate._search_batch`) runs instead of the per-query one:
-#: dense rows, ``k >= GROUPED_MIN_K``, ``nprobe <= GROUPED_MAX_NPROBE`` and at least
-#: ``GROUPED_MIN_QUERIES_PER_LIST`` queries per list on average. Measured on Fashion-MNIST (980 lists, batches of
-#: 1,000, 1 thread, CPU q/s; ``benchmarks/results/ann_batch_paths.md``): k = 10, nprobe 13: grouped 7,600-7,900,
-#: per-query 5,200-6,000 (one run 7,800 each); k = 10, nprobe 26: a tie (4,400-4,600 both); k = 1: per-query ahead
-#: at every nprobe (10,300 vs 8,200 at nprobe 13): its bounds read 64 of the 784 features for most rows, the
-#: grouped scan reads all of them; 100 queries (about one per list): per-query ahead.
+#: Which path answers a batch (:meth:`InvertedLists.batch_path`). The pre-filtered path
+#: (:mod:`qkm.approximate._search_prefilter`) runs for dense rows with float32 coordinates when the batch has at least
+#: ``BATCH_MIN_QUERIES_PER_LIST`` queries per list on average (``n_q * nprobe >= 8 * n_lists``); the grouped path
+#: (:mod:`qkm.approximate._search_batch`) for int8 coordinates when also ``k >= GROUPED_MIN_K`` and
+#: ``nprobe <= GROUPED_MAX_NPROBE``; else the per-query path. Measured on Fashion-MNIST (980 lists, 1 thread,
+#: ``benchmarks/results/ann_batch_paths.md``): batches of 1,000, nprobe 13, k = 1: pre-filtered 8,900 q/s, per-query
+#: 5,860, grouped 5,200; k = 10: 5,530, 3,720 and 5,050; the pre-filtered path leads at nprobe 26 and 52 too; batches
+#: of 256 (3.4 queries per list), k = 1: per-query ahead (8,800 against 6,300 CPU q/s).
+BATCH_MIN_QUERIES_PER_LIST = 8
 GROUPED_MIN_K = 8
 GROUPED_MAX_NPROBE = 16
-GROUPED_MIN_QUERIES_PER_LIST = 8
 #: One-sided confidence of the recall bound used by ``nprobe="auto"`` (Wilson score, z = 1.2816: 90 %).
 CALIBRATION_Z = 1.2816
 
@@ -308,13 +310,19 @@ class InvertedLists:
 
         ``given`` (n_q, n_lists) float64: the queries' distances to the lists
         when they are not the index's own. ``path``: ``"per-query"``,
-        ``"grouped"`` (dense rows) or ``"auto"`` (:meth:`grouped_pays`); the
-        path that ran is left in ``last_path``. Both give the same answers.
+        ``"prefiltered"`` (dense rows, float32 coordinates), ``"grouped"``
+        (dense rows) or ``"auto"`` (:meth:`batch_path`); the path that ran is
+        left in ``last_path``. All give the same answers.
         """
         n_q = X.shape[0]
-        if path == "grouped" or (path == "auto" and self.grouped_pays(n_q, k, nprobe)):
+        if path == "auto":
+            path = self.batch_path(n_q, k, nprobe)
+        if path == "grouped":
             self.last_path = "grouped"
             return self.search_grouped(X, k, nprobe, given, n_threads)
+        if path == "prefiltered":
+            self.last_path = "prefiltered"
+            return self.search_prefiltered(X, k, nprobe, given, n_threads)
         self.last_path = "per-query"
         out_d = np.empty((n_q, k))
         out_i = np.empty((n_q, k), dtype=np.int64)
@@ -349,10 +357,14 @@ class InvertedLists:
             raise ValueError("X holds values too large to square in float64.")
         return out_d, out_i
 
-    def grouped_pays(self, n_q, k, nprobe):
-        """Whether the grouped batch path is the faster one for this batch (measured; see ``GROUPED_*``)."""
-        return (not self.sparse and k >= GROUPED_MIN_K and nprobe <= GROUPED_MAX_NPROBE
-                and n_q * min(nprobe, self.n_lists) >= GROUPED_MIN_QUERIES_PER_LIST * self.n_lists)
+    def batch_path(self, n_q, k, nprobe):
+        """The path :meth:`search` takes for ``n_q`` queries with ``path="auto"``: ``"per-query"``,
+        ``"prefiltered"`` or ``"grouped"`` (measured; see ``BATCH_MIN_QUERIES_PER_LIST``)."""
+        if self.sparse or n_q * min(nprobe, self.n_lists) < BATCH_MIN_QUERIES_PER_LIST * self.n_lists:
+            return "per-query"
+        if self.store == "float32":
+            return "prefiltered"
+        return "grouped" if k >= GROUPED_MIN_K and nprobe <= GROUPED_MAX_NPROBE else "per-query"
 
     def _row_norms(self):
         """Squared norms of the stored rows (list order, float64) and their maximum, computed once."""
@@ -396,6 +408,83 @@ class InvertedLists:
 
         def finish(i0, i1):
             SB.finish(i0, i1, Q, qn, gamma, ynmax, base, approx, pos, rows, self.row_ids, out_d, out_i)
+
+        if n_threads > 1:
+            with ThreadPoolExecutor(max_workers=n_threads) as pool:
+                list(pool.map(lambda b: scan(*b), list_bounds))
+                list(pool.map(lambda b: finish(*b), q_bounds))
+        else:
+            scan(0, L)
+            finish(0, n_q)
+        if np.isnan(out_d[:, 0]).any():
+            check_data(X)
+            raise ValueError("X holds values too large to square in float64.")
+        return out_d, out_i
+
+    def _coordinate_norms(self):
+        """``||y||^2`` of the rows' stored coordinates (list order, float64) and their maximum, computed once."""
+        if getattr(self, "_zn", None) is None:
+            h, n = self.head_dims, self.row_ids.shape[0]
+            head_t, tail = self.ix[7], self.ix[8]
+            zn = np.einsum("ij,ij->i", tail, tail, dtype=np.float64) if tail.shape[1] else np.zeros(n)
+            for c in range(self.n_lists):
+                lo, hi = self.offsets[c], self.offsets[c + 1]
+                H = head_t[h * lo:h * hi].reshape(h, hi - lo)
+                zn[lo:hi] += np.einsum("ij,ij->j", H, H, dtype=np.float64)
+            self._zn, self._znmax = zn, float(zn.max()) if n else 0.0
+        return self._zn, self._znmax
+
+    def search_prefiltered(self, X, k, nprobe, given=None, n_threads=1):
+        """``search`` by the pre-filtered batch path (dense rows, float32 coordinates).
+
+        Every list is read once for all its queries: one BLAS product per list
+        bounds every probed row on all the stored coordinates, and only the
+        rows the bounds leave in reach get their exact distance. Same answers
+        as :meth:`search` (see :mod:`qkm.approximate._search_prefilter`).
+        """
+        if self.sparse or self.store != "float32":
+            raise ValueError("the pre-filtered batch path needs dense rows and store='float32'.")
+        n_q = X.shape[0]
+        out_d = np.empty((n_q, k))
+        out_i = np.empty((n_q, k), dtype=np.int64)
+        if n_q == 0:
+            return out_d, out_i
+        Q = self._queries(X)[0]
+        pd = self.list_distances(Q, n_threads) if given is None else np.ascontiguousarray(given, dtype=np.float64)
+        base, grp_ptr, grp_q, grp_slot = SB.plan(pd, self.sizes, int(nprobe), int(k))
+        h = self.head_dims
+        with np.errstate(invalid="ignore", over="ignore"):
+            Z = coordinates(Q, self.mean, self.basis)
+            A = Q - self.mean
+            nq = np.einsum("ij,ij->i", A, A)
+            U = Z.astype(np.float32)
+            un = np.einsum("ij,ij->i", U, U, dtype=np.float64)
+            rq = np.sqrt(np.maximum(nq - np.einsum("ij,ij->i", Z, Z), 0.0))
+        Uh, Ut = np.ascontiguousarray(U[:, :h]), np.ascontiguousarray(U[:, h:])
+        zn, znmax = self._coordinate_norms()
+        resid = self.ix[9]
+        ry = np.ascontiguousarray(resid[:, resid.shape[1] - 1])
+        terms = self.n_coords + 4
+        unit = np.finfo(np.float32).eps / 2
+        err = 2.0 * terms * unit / (1.0 - terms * unit) * (un + znmax) * 1.0001
+        bounds = np.empty(base[-1])
+        pos = np.empty(base[-1], dtype=np.int64)
+        L = self.n_lists
+        parts = max(1, min(n_threads, L))
+        cuts = np.searchsorted(grp_ptr, np.linspace(0, grp_ptr[-1], parts + 1)[1:-1])
+        list_bounds = list(zip([0, *cuts], [*cuts, L]))
+        q_bounds = [(s, min(s + BATCH_CHUNK, n_q)) for s in range(0, n_q, BATCH_CHUNK)]
+        most = int(np.diff(base).max())
+        ix = self.ix
+
+        def scan(c0, c1):
+            with one_blas_thread():  # small products per list: BLAS threads would only wait for each other
+                SF.bound_lists(c0, c1, Uh, Ut, un, rq, ix[7], ix[8], zn, ry, self.offsets, grp_ptr, grp_q, grp_slot,
+                               bounds, pos)
+
+        def finish(i0, i1):
+            SF.finish(i0, i1, Q, nq, err, self.nmax, base, bounds, pos, np.empty(most, dtype=np.int64), self.rows,
+                      self.row_ids, out_d, out_i)
 
         if n_threads > 1:
             with ThreadPoolExecutor(max_workers=n_threads) as pool:

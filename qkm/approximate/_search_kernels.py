@@ -283,10 +283,14 @@ def _search_query(z, nq, xq, qdata, qind, qlo, qhi, sparse, pd, nprobe, ix, h, b
         first[t] = i
         if n_first < k:
             n_first += 1
+    line = 64 // rows.itemsize
     if sparse:  # xq is all zeros between sparse queries
         for t in range(qlo, qhi):
             xq[qind[t]] = qdata[t]
-    line = 64 // rows.itemsize
+    else:  # the first k rows get their exact distance soon: fetch them while their deeper bounds are computed
+        for t in range(n_first):
+            for j in range(0, rows.shape[1], line):
+                _prefetch(rows, pos_buf[first[t]], j)
     queued = 0
     n_steps = n_first  # the first k rows; then the rows still in reach once they are done
     gathered = False
