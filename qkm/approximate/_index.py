@@ -1,4 +1,4 @@
-"""Searching the inverted lists of :class:`qkm.ClusterIndex` (kernels: :mod:`qkm.approximate._search_kernels`; building: :mod:`qkm.approximate._index_build`).
+"""Searching the inverted lists of :class:`qkm.ClusterIndex` (building: :mod:`qkm.approximate._index_build`).
 
 :class:`InvertedLists` holds the indexed rows list by list, contiguous, with
 their coordinates on the principal axes of the data (``basis``) for the
