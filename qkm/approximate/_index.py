@@ -92,6 +92,21 @@ def probe_lists(sq, sizes, nprobe, k):
     return probe
 
 
+def _run_grouped(scan, finish, grp_ptr, n_q, n_threads):
+    """A grouped batch: ``scan(c0, c1)`` over lists cut into ``n_threads`` parts of about equal work, then
+    ``finish(i0, i1)`` over chunks of ``BATCH_CHUNK`` queries (threads take them in turn; same answers)."""
+    L = grp_ptr.shape[0] - 1
+    if n_threads <= 1:
+        scan(0, L)
+        finish(0, n_q)
+        return
+    parts = max(1, min(n_threads, L))
+    cuts = np.searchsorted(grp_ptr, np.linspace(0, grp_ptr[-1], parts + 1)[1:-1])
+    with ThreadPoolExecutor(max_workers=n_threads) as pool:
+        list(pool.map(lambda b: scan(*b), zip([0, *cuts], [*cuts, L])))
+        list(pool.map(lambda b: finish(*b), [(s, min(s + BATCH_CHUNK, n_q)) for s in range(0, n_q, BATCH_CHUNK)]))
+
+
 class InvertedLists:
     """The indexed rows list by list, with their coordinates, as the search kernels read them.
 
@@ -269,6 +284,17 @@ class InvertedLists:
             self._ynmax = float(self._yn.max()) if self._yn.shape[0] else 0.0
         return self._yn, self._ynmax
 
+    def _grouped_plan(self, X, k, nprobe, given, n_threads):
+        """``(out_d, out_i, Q, plan)`` of a grouped batch (:func:`~qkm.approximate._search_batch.plan`, or None)."""
+        n_q = X.shape[0]
+        out_d = np.empty((n_q, k))
+        out_i = np.empty((n_q, k), dtype=np.int64)
+        if n_q == 0:
+            return out_d, out_i, None, None
+        Q = self._queries(X)[0]
+        pd = self.list_distances(Q, n_threads) if given is None else np.ascontiguousarray(given, dtype=np.float64)
+        return out_d, out_i, Q, SB.plan(pd, self.sizes, int(nprobe), int(k))
+
     def search_grouped(self, X, k, nprobe, given=None, n_threads=1):
         """``search`` by the grouped batch path (dense rows): every list read once for all its queries.
 
@@ -277,13 +303,10 @@ class InvertedLists:
         if self.sparse:
             raise ValueError("the grouped batch path needs dense rows.")
         n_q = X.shape[0]
-        out_d = np.empty((n_q, k))
-        out_i = np.empty((n_q, k), dtype=np.int64)
-        if n_q == 0:
+        out_d, out_i, Q, plan = self._grouped_plan(X, k, nprobe, given, n_threads)
+        if plan is None:
             return out_d, out_i
-        Q = self._queries(X)[0]
-        pd = self.list_distances(Q, n_threads) if given is None else np.ascontiguousarray(given, dtype=np.float64)
-        base, grp_ptr, grp_q, grp_slot = SB.plan(pd, self.sizes, int(nprobe), int(k))
+        base, grp_ptr, grp_q, grp_slot = plan
         approx = np.empty(base[-1])
         pos = np.empty(base[-1], dtype=np.int64)
         qn = np.einsum("ij,ij->i", Q, Q)
@@ -293,11 +316,6 @@ class InvertedLists:
         unit = np.finfo(rows.dtype).eps / 2
         gamma = 2.0 * n_terms * unit / (1.0 - n_terms * unit)
         Qc = Q.astype(rows.dtype)
-        L = self.n_lists
-        parts = max(1, min(n_threads, L))
-        cuts = np.searchsorted(grp_ptr, np.linspace(0, grp_ptr[-1], parts + 1)[1:-1])
-        list_bounds = list(zip([0, *cuts], [*cuts, L]))
-        q_bounds = [(s, min(s + BATCH_CHUNK, n_q)) for s in range(0, n_q, BATCH_CHUNK)]
 
         def scan(c0, c1):
             SB.scan_lists(c0, c1, Qc, qn, rows, yn, self.offsets, grp_ptr, grp_q, grp_slot, approx, pos)
@@ -305,13 +323,7 @@ class InvertedLists:
         def finish(i0, i1):
             SB.finish(i0, i1, Q, qn, gamma, ynmax, base, approx, pos, rows, self.row_ids, out_d, out_i)
 
-        if n_threads > 1:
-            with ThreadPoolExecutor(max_workers=n_threads) as pool:
-                list(pool.map(lambda b: scan(*b), list_bounds))
-                list(pool.map(lambda b: finish(*b), q_bounds))
-        else:
-            scan(0, L)
-            finish(0, n_q)
+        _run_grouped(scan, finish, grp_ptr, n_q, n_threads)
         if np.isnan(out_d[:, 0]).any():
             check_data(X)
             raise ValueError("X holds values too large to square in float64.")
@@ -341,13 +353,10 @@ class InvertedLists:
         if self.sparse or self.store != "float32":
             raise ValueError("the pre-filtered batch path needs dense rows and store='float32'.")
         n_q = X.shape[0]
-        out_d = np.empty((n_q, k))
-        out_i = np.empty((n_q, k), dtype=np.int64)
-        if n_q == 0:
+        out_d, out_i, Q, plan = self._grouped_plan(X, k, nprobe, given, n_threads)
+        if plan is None:
             return out_d, out_i
-        Q = self._queries(X)[0]
-        pd = self.list_distances(Q, n_threads) if given is None else np.ascontiguousarray(given, dtype=np.float64)
-        base, grp_ptr, grp_q, grp_slot = SB.plan(pd, self.sizes, int(nprobe), int(k))
+        base, grp_ptr, grp_q, grp_slot = plan
         h = self.head_dims
         with np.errstate(invalid="ignore", over="ignore"):
             Z = coordinates(Q, self.mean, self.basis)
@@ -365,11 +374,6 @@ class InvertedLists:
         err = 2.0 * terms * unit / (1.0 - terms * unit) * (un + znmax) * 1.0001
         bounds = np.empty(base[-1])
         pos = np.empty(base[-1], dtype=np.int64)
-        L = self.n_lists
-        parts = max(1, min(n_threads, L))
-        cuts = np.searchsorted(grp_ptr, np.linspace(0, grp_ptr[-1], parts + 1)[1:-1])
-        list_bounds = list(zip([0, *cuts], [*cuts, L]))
-        q_bounds = [(s, min(s + BATCH_CHUNK, n_q)) for s in range(0, n_q, BATCH_CHUNK)]
         most = int(np.diff(base).max())
         ix = self.ix
 
@@ -382,13 +386,7 @@ class InvertedLists:
             SF.finish(i0, i1, Q, nq, err, self.nmax, base, bounds, pos, np.empty(most, dtype=np.int64), self.rows,
                       self.row_ids, out_d, out_i)
 
-        if n_threads > 1:
-            with ThreadPoolExecutor(max_workers=n_threads) as pool:
-                list(pool.map(lambda b: scan(*b), list_bounds))
-                list(pool.map(lambda b: finish(*b), q_bounds))
-        else:
-            scan(0, L)
-            finish(0, n_q)
+        _run_grouped(scan, finish, grp_ptr, n_q, n_threads)
         if np.isnan(out_d[:, 0]).any():
             check_data(X)
             raise ValueError("X holds values too large to square in float64.")

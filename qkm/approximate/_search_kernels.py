@@ -231,6 +231,25 @@ def _exact_csr(qdata, qind, qlo, qhi, data, indices, lo, hi):
     return acc
 
 
+@njit(**_JIT)
+def _k_smallest(vals, cnt, first):  # IN vals (>= cnt,); OUT first (k,) positions, by value (ties: first seen)
+    """Positions of the ``k = len(first)`` smallest of ``vals[:cnt]``, smallest first; returns how many (<= k)."""
+    k = first.shape[0]
+    n = 0
+    for i in range(cnt):
+        v = vals[i]
+        if n == k and not v < vals[first[k - 1]]:
+            continue
+        t = n if n < k else k - 1
+        while t > 0 and v < vals[first[t - 1]]:
+            first[t] = first[t - 1]
+            t -= 1
+        first[t] = i
+        if n < k:
+            n += 1
+    return n
+
+
 @njit(inline="always", **_JIT)
 def _insert(d, ident, out_d, out_i):
     """Put ``(d, ident)`` into the sorted top-k ``(out_d, out_i)`` if it belongs there."""
@@ -270,19 +289,7 @@ def _search_query(z, nq, xq, qdata, qind, qlo, qhi, sparse, pd, nprobe, ix, h, b
     for t in range(k):
         out_d[t] = np.inf
         out_i[t] = row_ids.shape[0]
-    # the k smallest head bounds first (a good k-th distance early), then every row in turn
-    n_first = 0
-    for i in range(cnt):
-        v = lb_buf[i]
-        if n_first == k and not v < lb_buf[first[k - 1]]:
-            continue
-        t = n_first if n_first < k else k - 1
-        while t > 0 and v < lb_buf[first[t - 1]]:
-            first[t] = first[t - 1]
-            t -= 1
-        first[t] = i
-        if n_first < k:
-            n_first += 1
+    n_first = _k_smallest(lb_buf, cnt, first)  # the k smallest head bounds first (a good k-th distance early)
     line = 64 // rows.itemsize
     if sparse:  # xq is all zeros between sparse queries
         for t in range(qlo, qhi):

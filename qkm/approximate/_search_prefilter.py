@@ -25,7 +25,7 @@ import numpy as np
 from numba import njit
 
 from ..factorization._kernels import _JIT
-from ._search_kernels import LANES, MARGIN, _exact_dense, _insert, _prefetch
+from ._search_kernels import LANES, MARGIN, _exact_dense, _insert, _k_smallest, _prefetch
 
 #: Candidates looked ahead when prefetching rows for their exact distance.
 ROW_PREFETCH_AHEAD = 1
@@ -101,18 +101,7 @@ def finish(i0, i1, Q, nq, err, nmax, base, bounds, pos, cand, rows, row_ids, out
         for t in range(k):
             od[t] = np.inf
             oi[t] = row_ids.shape[0]
-        n_first = 0  # the k smallest bounds first: a good k-th distance early
-        for s in range(n_s):
-            v = b[s]
-            if n_first == k and not v < b[first[k - 1]]:
-                continue
-            t = n_first if n_first < k else k - 1
-            while t > 0 and v < b[first[t - 1]]:
-                first[t] = first[t - 1]
-                t -= 1
-            first[t] = s
-            if n_first < k:
-                n_first += 1
+        n_first = _k_smallest(b, n_s, first)  # the k smallest bounds first: a good k-th distance early
         xq = Q[i]
         for t in range(n_first):
             for j in range(0, rows.shape[1], 64 // rows.itemsize):
