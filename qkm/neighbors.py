@@ -338,6 +338,18 @@ class ClusterIndex(BaseEstimator):
         Returns
         -------
         path : str
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> from qkm import ClusterIndex, KMeans
+        >>> X = np.random.RandomState(0).normal(size=(400, 5))
+        >>> index = ClusterIndex(KMeans(n_clusters=4, random_state=0).fit(X), nprobe=2, n_lists=8,
+        ...                      random_state=0).fit(X)
+        >>> index.query_path(1), index.query_path(1000)
+        ('per-query', 'prefiltered')
+        >>> index.describe()["batch_path"]
+        {'path': 'prefiltered', 'from_queries': 32, 'k': 1}
         """
         check_is_fitted(self, "operator_")
         nprobe = self.nprobe_ if nprobe is None else self._check_nprobe(nprobe, self.n_lists_)
