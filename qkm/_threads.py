@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numba
 from threadpoolctl import threadpool_limits
 
-__all__ = ["effective_n_threads", "numba_threads", "run_concurrently", "single_threaded_blas"]
+__all__ = ["effective_n_threads", "numba_threads", "one_blas_thread", "run_concurrently", "single_threaded_blas"]
 
 
 def effective_n_threads(n_jobs):
@@ -60,6 +60,24 @@ def numba_threads(n_threads):
 def single_threaded_blas():
     """Run the block with one BLAS thread (threadpoolctl), then restore the old count."""
     with threadpool_limits(limits=1, user_api="blas"):
+        yield
+
+
+_BLAS_CONTROLLER = []
+
+
+@contextlib.contextmanager
+def one_blas_thread():
+    """:func:`single_threaded_blas` for hot paths: the BLAS libraries are listed once per process (about 5 ms).
+
+    numba's BLAS (SciPy's) is loaded first, so that it is among them.
+    """
+    if not _BLAS_CONTROLLER:
+        import scipy.linalg.cython_blas  # noqa: F401  (numba's np.dot calls it)
+        from threadpoolctl import ThreadpoolController
+
+        _BLAS_CONTROLLER.append(ThreadpoolController())
+    with _BLAS_CONTROLLER[0].limit(limits=1, user_api="blas"):
         yield
 
 

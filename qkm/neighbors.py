@@ -22,8 +22,9 @@ from sklearn.utils import check_random_state
 from sklearn.utils.validation import check_is_fitted
 
 from .clustering._base import is_int, operator_of
-from .approximate._index import (HEAD_DIMS, TAIL_BLOCKS, BLOCK_DIMS, InvertedLists, calibrate_nprobe, cluster_sq_distances,
-                     coordinates, fit_basis, fit_quantizer, nearest_clusters, probe_lists)
+from .approximate._index import (BATCH_MIN_QUERIES_PER_LIST, BLOCK_DIMS, GROUPED_MIN_K, HEAD_DIMS, TAIL_BLOCKS,
+                                 InvertedLists, calibrate_nprobe, cluster_sq_distances, coordinates, fit_basis,
+                                 fit_quantizer, nearest_clusters, probe_lists)
 from .approximate._index_state import export_state, import_state
 from ._threads import effective_n_threads, numba_threads
 from ._validation import check_data, check_feature_count, check_fitted_data
@@ -315,6 +316,54 @@ class ClusterIndex(BaseEstimator):
             given = None
         return self._lists.search(X, k, nprobe, given, n_threads)
 
+    def query_path(self, n_queries, k=1, nprobe=None):
+        """Which search path :meth:`query` takes for a batch of ``n_queries`` rows (all give the same answers).
+
+        ``"per-query"``: every query probed, bounded and re-ranked in turn
+        (one query, small batches, CSR rows); ``"prefiltered"``: the queries
+        grouped by probed list, every list bounded once for all its queries
+        by a matrix product on the stored coordinates, the survivors
+        re-ranked (dense rows, ``store="float32"``); ``"grouped"``: the same
+        grouping with the approximate distances on all the features
+        (``store="int8"``, ``k >= 8``). The choice depends only on the batch
+        shape (measured rule, see ``benchmarks/results/ann_batch_paths.md``).
+
+        Parameters
+        ----------
+        n_queries : int
+        k : int, default=1
+        nprobe : int or None, default=None
+            None: ``nprobe_``.
+
+        Returns
+        -------
+        path : str
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> from qkm import ClusterIndex, KMeans
+        >>> X = np.random.RandomState(0).normal(size=(400, 5))
+        >>> index = ClusterIndex(KMeans(n_clusters=4, random_state=0).fit(X), nprobe=2, n_lists=8,
+        ...                      random_state=0).fit(X)
+        >>> index.query_path(1), index.query_path(1000)
+        ('per-query', 'prefiltered')
+        >>> index.describe()["batch_path"]
+        {'path': 'prefiltered', 'from_queries': 32, 'k': 1}
+        """
+        check_is_fitted(self, "operator_")
+        nprobe = self.nprobe_ if nprobe is None else self._check_nprobe(nprobe, self.n_lists_)
+        if not is_int(n_queries) or n_queries < 0 or not is_int(k) or k < 1:
+            raise ValueError(f"n_queries must be an integer >= 0 and k >= 1; got {n_queries!r}, {k!r}.")
+        return self._lists.batch_path(int(n_queries), int(k), nprobe)
+
+    def _batch_path_from(self):
+        """Smallest batch taking a batch path at ``nprobe_`` (k = 1, or k = 8 for int8), and that path."""
+        n = -(-BATCH_MIN_QUERIES_PER_LIST * self.n_lists_ // min(self.nprobe_, self.n_lists_))
+        k = 1 if self._lists.store == "float32" else GROUPED_MIN_K
+        path = self._lists.batch_path(n, k, self.nprobe_)
+        return {"path": path, "from_queries": int(n), "k": k} if path != "per-query" else None
+
     def kneighbors(self, X, n_neighbors=1, return_distance=True):
         """scikit-learn style :meth:`query`: ``(distances, indices)`` or just ``indices``.
 
@@ -375,6 +424,7 @@ class ClusterIndex(BaseEstimator):
             "store": lists.store,
             "coordinates": {"head": lists.head_dims, "total": lists.n_coords, "block": lists.block},
             "bytes": lists.nbytes(),
+            "batch_path": self._batch_path_from(),
         }
 
     # -- serialization (the operator is stored separately) --------------- #

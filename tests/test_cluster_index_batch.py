@@ -1,4 +1,4 @@
-"""qkm.ClusterIndex's grouped batch path: oracles are the per-query path and brute force over all rows."""
+"""qkm.ClusterIndex's batch paths (grouped, pre-filtered): oracles are the per-query path and brute force over all rows."""
 
 import numpy as np
 import pytest
@@ -25,26 +25,35 @@ def km(wide):
     return KMeans(n_clusters=6, random_state=0).fit(wide[0])
 
 
-def _both(lists, Q, k, nprobe, given=None, n_threads=1):
+PATHS = ("grouped", "prefiltered")
+
+
+def _both(lists, Q, k, nprobe, given=None, n_threads=1, path="grouped"):
     per = lists.search(Q, k, nprobe, given, n_threads, path="per-query")
     assert lists.last_path == "per-query"
-    grouped = lists.search(Q, k, nprobe, given, n_threads, path="grouped")
-    assert lists.last_path == "grouped"
-    return per, grouped
+    other = lists.search(Q, k, nprobe, given, n_threads, path=path)
+    assert lists.last_path == path
+    return per, other
 
 
+@pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("partition, store, rows_dtype", [
     ("auto", "float32", np.float64), ("auto", "int8", np.float64), ("auto", "float32", np.float32),
-    ("model", "float32", np.float64), ("model", "int8", np.float32)])
-def test_grouped_equals_per_query_and_brute_force(wide, km, partition, store, rows_dtype):
+    ("model", "float32", np.float64), ("model", "int8", np.float32), ("model", "float32", np.float32)])
+def test_batch_path_equals_per_query_and_brute_force(wide, km, partition, store, rows_dtype, path):
     X, Xq = wide[0].astype(rows_dtype), wide[1]
     index = ClusterIndex(km, nprobe=1, partition=partition, n_lists=14 if partition == "auto" else None, store=store,
                          random_state=0).fit(X)
     lists = index._lists
     given = None if lists.own else km.operator_.sq_distances(Xq)
+    if path == "prefiltered" and store == "int8":  # bounds by matrix products need the float32 coordinates
+        with pytest.raises(ValueError, match="float32"):
+            lists.search(Xq, 1, 1, given, path=path)
+        assert lists.batch_path(10 ** 6, 1, 1) != "prefiltered"
+        return
     for nprobe in sorted({1, 3, index.n_lists_}):
         for k in (1, 4, 9):
-            (d1, i1), (d2, i2) = _both(lists, Xq, k, nprobe, given)
+            (d1, i1), (d2, i2) = _both(lists, Xq, k, nprobe, given, path=path)
             np.testing.assert_array_equal(i1, i2)
             np.testing.assert_array_equal(d1, d2)
             if nprobe == index.n_lists_:  # every list: the exact neighbours (row ids in the fitted order)
@@ -53,50 +62,61 @@ def test_grouped_equals_per_query_and_brute_force(wide, km, partition, store, ro
                 np.testing.assert_allclose(d2, ref_d, rtol=1e-10, atol=1e-10)
 
 
-def test_query_picks_the_grouped_path_for_large_batches_and_stays_exact(wide, km):
+@pytest.mark.parametrize("store, path", [("float32", "prefiltered"), ("int8", "grouped")])
+def test_query_picks_a_batch_path_for_large_batches_and_stays_exact(wide, km, store, path):
     X, Xq = wide
-    index = ClusterIndex(km, nprobe=2, n_lists=4, random_state=0).fit(X)
-    dist, ind = index.query(Xq, k=9, nprobe=index.n_lists_)  # 80 queries on 4 lists, k = 9: grouped
-    assert index._lists.last_path == "grouped"
+    index = ClusterIndex(km, nprobe=2, n_lists=4, store=store, random_state=0).fit(X)
+    assert index.query_path(len(Xq), k=9, nprobe=index.n_lists_) == path
+    dist, ind = index.query(Xq, k=9, nprobe=index.n_lists_)  # 80 queries on 4 lists, k = 9
+    assert index._lists.last_path == path
     ref_d, ref_i = naive.knn(Xq, X, 9)
     np.testing.assert_array_equal(ind, ref_i)
     np.testing.assert_allclose(dist, ref_d, rtol=1e-10, atol=1e-10)
+    assert index.query_path(3, k=1) == "per-query"
     index.query(Xq[:3], k=1)  # a few rows, k = 1: per query
     assert index._lists.last_path == "per-query"
+    info = index.describe()["batch_path"]
+    assert info["path"] == path and index.query_path(info["from_queries"], k=info["k"]) == path
+    assert index.query_path(info["from_queries"] - 1, k=info["k"]) == "per-query"
+    with pytest.raises(ValueError, match="n_queries"):
+        index.query_path(-1)
 
 
-def test_grouped_breaks_ties_by_index():
+@pytest.mark.parametrize("path", PATHS)
+def test_batch_paths_break_ties_by_index(path):
     X = np.array([[0.0, 0.0], [5.0, 5.0], [0.0, 0.0], [5.0, 5.0], [0.0, 0.0], [0.0, 0.0]])
     op = DenseOperator(np.array([[0.0, 0.0], [5.0, 5.0]]))
     index = ClusterIndex(op, nprobe=2, n_lists=2, random_state=0).fit(X)
     Q = np.array([[0.1, 0.0], [4.9, 5.0], [0.0, 0.0]])
-    (d1, i1), (d2, i2) = _both(index._lists, Q, 3, 2)
+    (d1, i1), (d2, i2) = _both(index._lists, Q, 3, 2, path=path)
     assert i2.tolist() == [[0, 2, 4], [1, 3, 0], [0, 2, 4]] == i1.tolist()
     np.testing.assert_array_equal(d1, d2)
 
 
-def test_grouped_rejects_csr_and_non_finite_queries(wide, km):
+@pytest.mark.parametrize("path", PATHS)
+def test_batch_paths_reject_csr_and_non_finite_queries(wide, km, path):
     import scipy.sparse as sp
 
     X, Xq = wide
     sparse = ClusterIndex(km, nprobe=2, n_lists=4, random_state=0).fit(sp.csr_matrix(X))
-    assert not sparse._lists.grouped_pays(10 ** 6, 10, 2)  # CSR rows: always per query
+    assert sparse._lists.batch_path(10 ** 6, 10, 2) == "per-query"  # CSR rows: always per query
     with pytest.raises(ValueError, match="dense rows"):
-        sparse._lists.search(Xq, 9, 2, path="grouped")
+        sparse._lists.search(Xq, 9, 2, path=path)
     dense = ClusterIndex(km, nprobe=2, n_lists=4, random_state=0).fit(X)
     bad = Xq.copy()
     bad[3, 5] = np.inf
     with pytest.raises(ValueError, match="NaN|infinit|finite"):
-        dense._lists.search(bad, 9, 2, path="grouped")
+        dense._lists.search(bad, 9, 2, path=path)
 
 
 @pytest.mark.needs_threads(2)
-def test_grouped_identical_for_one_and_two_threads(wide, km):
+@pytest.mark.parametrize("path", PATHS)
+def test_batch_paths_identical_for_one_and_two_threads(wide, km, path):
     X, Xq = wide
     index = ClusterIndex(km, nprobe=2, n_lists=14, random_state=0).fit(X)
     runs = []
     for threads in (1, 2):
         with numba_threads(threads), threadpool_limits(threads, user_api="blas"):
-            runs.append(index._lists.search(Xq, 9, 5, n_threads=threads, path="grouped"))
+            runs.append(index._lists.search(Xq, 9, 5, n_threads=threads, path=path))
     for a, b in zip(*runs):
         np.testing.assert_array_equal(a, b)

@@ -1,4 +1,4 @@
-"""Building and searching the inverted lists of :class:`qkm.ClusterIndex` (the kernels: :mod:`qkm.approximate._search_kernels`).
+"""Searching the inverted lists of :class:`qkm.ClusterIndex` (building: :mod:`qkm.approximate._index_build`).
 
 :class:`InvertedLists` holds the indexed rows list by list, contiguous, with
 their coordinates on the principal axes of the data (``basis``) for the
@@ -10,46 +10,38 @@ held-out rows.
 """
 
 import math
-import warnings
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import scipy.sparse as sp
-from sklearn.decomposition import PCA, TruncatedSVD
-from sklearn.exceptions import ConvergenceWarning
 
 from .. import _config
 from . import _search_batch as SB
+from . import _search_prefilter as SF
 from . import _search_kernels as SK
 from . import _search_probe as SP
-from .._threads import numba_threads
+from .._threads import numba_threads, one_blas_thread
 from .._validation import check_data
+from ._index_build import (BLOCK_DIMS, HEAD_DIMS, TAIL_BLOCKS, centred_sq_norms, coordinate_codec,  # noqa: F401
+                           coordinates, fit_basis, fit_quantizer)
 
 __all__ = ["InvertedLists", "fit_basis", "fit_quantizer", "calibrate_nprobe", "nearest_clusters", "probe_lists"]
 
-#: Coordinates of the head (quantiser space and first bound) and of each refinement block.
-HEAD_DIMS = 64
-BLOCK_DIMS = 64
-#: Refinement blocks after the head (coordinates kept per row: ``HEAD_DIMS + TAIL_BLOCKS * BLOCK_DIMS``).
-TAIL_BLOCKS = 2
-#: Rows of the sample the principal axes are fitted on.
-BASIS_SAMPLE = 20000
-#: Lloyd iterations of the index's own quantiser.
-QUANTIZER_ITER = 20
 #: Batches of at least this many queries get their deeper coordinates from BLAS (and run in threads).
 BATCH_MIN_ROWS = 8
 #: Queries per work unit of a batch (threads take them in turn; answers do not depend on the split).
 BATCH_CHUNK = 64
-#: When the grouped batch path (:mod:`qkm.approximate._search_batch`) runs instead of the per-query one:
-#: dense rows, ``k >= GROUPED_MIN_K``, ``nprobe <= GROUPED_MAX_NPROBE`` and at least
-#: ``GROUPED_MIN_QUERIES_PER_LIST`` queries per list on average. Measured on Fashion-MNIST (980 lists, batches of
-#: 1,000, 1 thread, CPU q/s; ``benchmarks/results/ann_batch_paths.md``): k = 10, nprobe 13: grouped 7,600-7,900,
-#: per-query 5,200-6,000 (one run 7,800 each); k = 10, nprobe 26: a tie (4,400-4,600 both); k = 1: per-query ahead
-#: at every nprobe (10,300 vs 8,200 at nprobe 13): its bounds read 64 of the 784 features for most rows, the
-#: grouped scan reads all of them; 100 queries (about one per list): per-query ahead.
+#: Which path answers a batch (:meth:`InvertedLists.batch_path`). The pre-filtered path
+#: (:mod:`qkm.approximate._search_prefilter`) runs for dense rows with float32 coordinates when the batch has at least
+#: ``BATCH_MIN_QUERIES_PER_LIST`` queries per list on average (``n_q * nprobe >= 8 * n_lists``); the grouped path
+#: (:mod:`qkm.approximate._search_batch`) for int8 coordinates when also ``k >= GROUPED_MIN_K`` and
+#: ``nprobe <= GROUPED_MAX_NPROBE``; else the per-query path. Measured on Fashion-MNIST (980 lists, 1 thread,
+#: ``benchmarks/results/ann_batch_paths.md``): batches of 1,000, nprobe 13, k = 1: pre-filtered 8,900 q/s, per-query
+#: 5,860, grouped 5,200; k = 10: 5,530, 3,720 and 5,050; the pre-filtered path leads at nprobe 26 and 52 too; batches
+#: of 256 (3.4 queries per list), k = 1: per-query ahead (8,800 against 6,300 CPU q/s).
+BATCH_MIN_QUERIES_PER_LIST = 8
 GROUPED_MIN_K = 8
 GROUPED_MAX_NPROBE = 16
-GROUPED_MIN_QUERIES_PER_LIST = 8
 #: One-sided confidence of the recall bound used by ``nprobe="auto"`` (Wilson score, z = 1.2816: 90 %).
 CALIBRATION_Z = 1.2816
 
@@ -100,98 +92,19 @@ def probe_lists(sq, sizes, nprobe, k):
     return probe
 
 
-# --------------------------------------------------------------------------- #
-# Building
-# --------------------------------------------------------------------------- #
-def fit_basis(X, n_coords, rng):
-    """Mean (D,) float64 and orthonormal principal axes (D, m) float32 of a row sample of ``X``.
-
-    Dense rows: :class:`sklearn.decomposition.PCA`, ``m = min(n_coords, D)``
-    (fewer if the sample is smaller). CSR rows: the head only
-    (``m = min(HEAD_DIMS, D - 1)``), from
-    :class:`~sklearn.decomposition.TruncatedSVD` (no centring, mean 0): on
-    sparse text-like data the deeper axes bound little and a dense basis of
-    ``D x m`` would cost more than the rows.
-    """
-    n, D = X.shape
-    sample = X[np.sort(rng.choice(n, size=min(n, BASIS_SAMPLE), replace=False))]
-    seed = int(rng.randint(np.iinfo(np.int32).max))
-    if sp.issparse(X):
-        m = min(n_coords, HEAD_DIMS, D - 1, sample.shape[0] - 1)
-        if m < 1:  # too small to fit axes: the first coordinate axes (orthonormal all the same)
-            return np.zeros(D), np.ascontiguousarray(np.eye(D, min(D, HEAD_DIMS), dtype=np.float32))
-        svd = TruncatedSVD(n_components=m, algorithm="randomized", n_iter=3, random_state=seed).fit(sample)
-        components, mean = svd.components_, np.zeros(D)
-    else:
-        m = min(n_coords, D, sample.shape[0])
-        pca = PCA(n_components=m, random_state=seed).fit(np.asarray(sample, dtype=np.float64))
-        components, mean = pca.components_, np.asarray(pca.mean_, dtype=np.float64)
-    return mean, np.ascontiguousarray(np.asarray(components, dtype=np.float64).T, dtype=np.float32)
-
-
-def coordinates(X, mean, basis, start=0, stop=None):
-    """``(X - mean) @ basis[:, start:stop]`` in float64 (BLAS; the rows' coordinates and a batch's deeper ones)."""
-    B = np.asarray(basis[:, start:stop], dtype=np.float64)
-    if sp.issparse(X):
-        return np.asarray(X @ B, dtype=np.float64)
-    out = np.empty((X.shape[0], B.shape[1]))
-    step = _config.DENSE_BLOCK_ROWS
-    for s in range(0, X.shape[0], step):
-        out[s:s + step] = (np.asarray(X[s:s + step], dtype=np.float64) - mean) @ B
-    return out
-
-
-def centred_sq_norms(X, mean):
-    """``||x - mean||^2`` of every row, float64."""
-    if sp.issparse(X):
-        return np.asarray(X.multiply(X).sum(axis=1), dtype=np.float64).ravel()
-    out = np.empty(X.shape[0])
-    step = _config.DENSE_BLOCK_ROWS
-    for s in range(0, X.shape[0], step):
-        A = np.asarray(X[s:s + step], dtype=np.float64) - mean
-        out[s:s + step] = np.einsum("ij,ij->i", A, A)
-    return out
-
-
-def fit_quantizer(head, n_lists, random_state, n_jobs):
-    """The index's own lists: :class:`qkm.KMeans` of the rows' head coordinates; its centroids (L, h) float32."""
-    from ..clustering._kmeans import KMeans
-
-    with warnings.catch_warnings():  # fewer distinct heads than lists: fewer lists
-        warnings.filterwarnings("ignore", category=ConvergenceWarning)
-        km = KMeans(n_clusters=n_lists, init="k-means++", n_init=1, max_iter=QUANTIZER_ITER,
-                    random_state=random_state, n_jobs=n_jobs).fit(np.ascontiguousarray(head, dtype=np.float32))
-    return np.ascontiguousarray(km.operator_.to_dense(), dtype=np.float32)
-
-
-def coordinate_codec(Z, store):
-    """How the rows' coordinates are stored: ``(codec, encode)``.
-
-    ``codec`` (m, 4) float32 holds per coordinate ``lo``, ``1 / step``,
-    ``step^2`` and the slack: a stored value ``c`` says the coordinate ``z``
-    satisfies ``|(z - lo) / step - c| <= slack``. ``"float32"``: the
-    coordinates themselves (lo 0, step 1, slack 0); ``"int8"``: 255 steps over
-    each coordinate's range on the indexed rows (slack 1/2 plus rounding).
-    """
-    m = Z.shape[1]
-    codec = np.zeros((m, 4), dtype=np.float32)
-    if store == "float32":
-        codec[:, 1:3] = 1.0
-        return codec, lambda A: np.asarray(A, dtype=np.float32)
-    low, high = (Z.min(axis=0), Z.max(axis=0)) if Z.shape[0] else (np.zeros(m), np.zeros(m))
-    lo = ((low + high) / 2).astype(np.float32)
-    span = (high - low) / 254.0
-    inv = np.where(span > 0, 1.0 / np.where(span > 0, span, 1.0), 1.0).astype(np.float32)
-    codec[:, 0], codec[:, 1] = lo, inv
-    codec[:, 2] = 1.0 / (inv.astype(np.float64) ** 2)
-    codec[:, 3] = 0.5 + 2.0 ** -10
-
-    def encode(A):
-        w = A.shape[1]  # the centroids have the head coordinates only
-        units = (np.asarray(A, dtype=np.float64) - lo[:w]) * inv[:w].astype(np.float64)
-        return np.clip(np.rint(units), -127, 127).astype(np.int8)
-
-    return codec, encode
+def _run_grouped(scan, finish, grp_ptr, n_q, n_threads):
+    """A grouped batch: ``scan(c0, c1)`` over lists cut into ``n_threads`` parts of about equal work, then
+    ``finish(i0, i1)`` over chunks of ``BATCH_CHUNK`` queries (threads take them in turn; same answers)."""
+    L = grp_ptr.shape[0] - 1
+    if n_threads <= 1:
+        scan(0, L)
+        finish(0, n_q)
+        return
+    parts = max(1, min(n_threads, L))
+    cuts = np.searchsorted(grp_ptr, np.linspace(0, grp_ptr[-1], parts + 1)[1:-1])
+    with ThreadPoolExecutor(max_workers=n_threads) as pool:
+        list(pool.map(lambda b: scan(*b), zip([0, *cuts], [*cuts, L])))
+        list(pool.map(lambda b: finish(*b), [(s, min(s + BATCH_CHUNK, n_q)) for s in range(0, n_q, BATCH_CHUNK)]))
 
 
 class InvertedLists:
@@ -237,7 +150,7 @@ class InvertedLists:
         resid = np.sqrt(np.maximum(ny[:, None] - (cum[:, np.array(levels) - 1] if m else 0.0), 0.0))
         codec, encode = coordinate_codec(Z, store)
         S = encode(Z)
-        head_t = np.empty(n * h, dtype=S.dtype)
+        head_t = np.zeros(n * h + SK.HEAD_PAD, dtype=S.dtype)  # spare entries: the kernels read whole vectors
         for c in range(n_lists):
             lo, hi = offsets[c], offsets[c + 1]
             head_t[h * lo:h * hi] = S[lo:hi, :h].T.ravel()
@@ -308,13 +221,19 @@ class InvertedLists:
 
         ``given`` (n_q, n_lists) float64: the queries' distances to the lists
         when they are not the index's own. ``path``: ``"per-query"``,
-        ``"grouped"`` (dense rows) or ``"auto"`` (:meth:`grouped_pays`); the
-        path that ran is left in ``last_path``. Both give the same answers.
+        ``"prefiltered"`` (dense rows, float32 coordinates), ``"grouped"``
+        (dense rows) or ``"auto"`` (:meth:`batch_path`); the path that ran is
+        left in ``last_path``. All give the same answers.
         """
         n_q = X.shape[0]
-        if path == "grouped" or (path == "auto" and self.grouped_pays(n_q, k, nprobe)):
+        if path == "auto":
+            path = self.batch_path(n_q, k, nprobe)
+        if path == "grouped":
             self.last_path = "grouped"
             return self.search_grouped(X, k, nprobe, given, n_threads)
+        if path == "prefiltered":
+            self.last_path = "prefiltered"
+            return self.search_prefiltered(X, k, nprobe, given, n_threads)
         self.last_path = "per-query"
         out_d = np.empty((n_q, k))
         out_i = np.empty((n_q, k), dtype=np.int64)
@@ -349,10 +268,14 @@ class InvertedLists:
             raise ValueError("X holds values too large to square in float64.")
         return out_d, out_i
 
-    def grouped_pays(self, n_q, k, nprobe):
-        """Whether the grouped batch path is the faster one for this batch (measured; see ``GROUPED_*``)."""
-        return (not self.sparse and k >= GROUPED_MIN_K and nprobe <= GROUPED_MAX_NPROBE
-                and n_q * min(nprobe, self.n_lists) >= GROUPED_MIN_QUERIES_PER_LIST * self.n_lists)
+    def batch_path(self, n_q, k, nprobe):
+        """The path :meth:`search` takes for ``n_q`` queries with ``path="auto"``: ``"per-query"``,
+        ``"prefiltered"`` or ``"grouped"`` (measured; see ``BATCH_MIN_QUERIES_PER_LIST``)."""
+        if self.sparse or n_q * min(nprobe, self.n_lists) < BATCH_MIN_QUERIES_PER_LIST * self.n_lists:
+            return "per-query"
+        if self.store == "float32":
+            return "prefiltered"
+        return "grouped" if k >= GROUPED_MIN_K and nprobe <= GROUPED_MAX_NPROBE else "per-query"
 
     def _row_norms(self):
         """Squared norms of the stored rows (list order, float64) and their maximum, computed once."""
@@ -360,6 +283,17 @@ class InvertedLists:
             self._yn = centred_sq_norms(self.rows, np.zeros(self.rows.shape[1]))
             self._ynmax = float(self._yn.max()) if self._yn.shape[0] else 0.0
         return self._yn, self._ynmax
+
+    def _grouped_plan(self, X, k, nprobe, given, n_threads):
+        """``(out_d, out_i, Q, plan)`` of a grouped batch (:func:`~qkm.approximate._search_batch.plan`, or None)."""
+        n_q = X.shape[0]
+        out_d = np.empty((n_q, k))
+        out_i = np.empty((n_q, k), dtype=np.int64)
+        if n_q == 0:
+            return out_d, out_i, None, None
+        Q = self._queries(X)[0]
+        pd = self.list_distances(Q, n_threads) if given is None else np.ascontiguousarray(given, dtype=np.float64)
+        return out_d, out_i, Q, SB.plan(pd, self.sizes, int(nprobe), int(k))
 
     def search_grouped(self, X, k, nprobe, given=None, n_threads=1):
         """``search`` by the grouped batch path (dense rows): every list read once for all its queries.
@@ -369,13 +303,10 @@ class InvertedLists:
         if self.sparse:
             raise ValueError("the grouped batch path needs dense rows.")
         n_q = X.shape[0]
-        out_d = np.empty((n_q, k))
-        out_i = np.empty((n_q, k), dtype=np.int64)
-        if n_q == 0:
+        out_d, out_i, Q, plan = self._grouped_plan(X, k, nprobe, given, n_threads)
+        if plan is None:
             return out_d, out_i
-        Q = self._queries(X)[0]
-        pd = self.list_distances(Q, n_threads) if given is None else np.ascontiguousarray(given, dtype=np.float64)
-        base, grp_ptr, grp_q, grp_slot = SB.plan(pd, self.sizes, int(nprobe), int(k))
+        base, grp_ptr, grp_q, grp_slot = plan
         approx = np.empty(base[-1])
         pos = np.empty(base[-1], dtype=np.int64)
         qn = np.einsum("ij,ij->i", Q, Q)
@@ -385,11 +316,6 @@ class InvertedLists:
         unit = np.finfo(rows.dtype).eps / 2
         gamma = 2.0 * n_terms * unit / (1.0 - n_terms * unit)
         Qc = Q.astype(rows.dtype)
-        L = self.n_lists
-        parts = max(1, min(n_threads, L))
-        cuts = np.searchsorted(grp_ptr, np.linspace(0, grp_ptr[-1], parts + 1)[1:-1])
-        list_bounds = list(zip([0, *cuts], [*cuts, L]))
-        q_bounds = [(s, min(s + BATCH_CHUNK, n_q)) for s in range(0, n_q, BATCH_CHUNK)]
 
         def scan(c0, c1):
             SB.scan_lists(c0, c1, Qc, qn, rows, yn, self.offsets, grp_ptr, grp_q, grp_slot, approx, pos)
@@ -397,13 +323,70 @@ class InvertedLists:
         def finish(i0, i1):
             SB.finish(i0, i1, Q, qn, gamma, ynmax, base, approx, pos, rows, self.row_ids, out_d, out_i)
 
-        if n_threads > 1:
-            with ThreadPoolExecutor(max_workers=n_threads) as pool:
-                list(pool.map(lambda b: scan(*b), list_bounds))
-                list(pool.map(lambda b: finish(*b), q_bounds))
-        else:
-            scan(0, L)
-            finish(0, n_q)
+        _run_grouped(scan, finish, grp_ptr, n_q, n_threads)
+        if np.isnan(out_d[:, 0]).any():
+            check_data(X)
+            raise ValueError("X holds values too large to square in float64.")
+        return out_d, out_i
+
+    def _coordinate_norms(self):
+        """``||y||^2`` of the rows' stored coordinates (list order, float64) and their maximum, computed once."""
+        if getattr(self, "_zn", None) is None:
+            h, n = self.head_dims, self.row_ids.shape[0]
+            head_t, tail = self.ix[7], self.ix[8]
+            zn = np.einsum("ij,ij->i", tail, tail, dtype=np.float64) if tail.shape[1] else np.zeros(n)
+            for c in range(self.n_lists):
+                lo, hi = self.offsets[c], self.offsets[c + 1]
+                H = head_t[h * lo:h * hi].reshape(h, hi - lo)
+                zn[lo:hi] += np.einsum("ij,ij->j", H, H, dtype=np.float64)
+            self._zn, self._znmax = zn, float(zn.max()) if n else 0.0
+        return self._zn, self._znmax
+
+    def search_prefiltered(self, X, k, nprobe, given=None, n_threads=1):
+        """``search`` by the pre-filtered batch path (dense rows, float32 coordinates).
+
+        Every list is read once for all its queries: one BLAS product per list
+        bounds every probed row on all the stored coordinates, and only the
+        rows the bounds leave in reach get their exact distance. Same answers
+        as :meth:`search` (see :mod:`qkm.approximate._search_prefilter`).
+        """
+        if self.sparse or self.store != "float32":
+            raise ValueError("the pre-filtered batch path needs dense rows and store='float32'.")
+        n_q = X.shape[0]
+        out_d, out_i, Q, plan = self._grouped_plan(X, k, nprobe, given, n_threads)
+        if plan is None:
+            return out_d, out_i
+        base, grp_ptr, grp_q, grp_slot = plan
+        h = self.head_dims
+        with np.errstate(invalid="ignore", over="ignore"):
+            Z = coordinates(Q, self.mean, self.basis)
+            A = Q - self.mean
+            nq = np.einsum("ij,ij->i", A, A)
+            U = Z.astype(np.float32)
+            un = np.einsum("ij,ij->i", U, U, dtype=np.float64)
+            rq = np.sqrt(np.maximum(nq - np.einsum("ij,ij->i", Z, Z), 0.0))
+        Uh, Ut = np.ascontiguousarray(U[:, :h]), np.ascontiguousarray(U[:, h:])
+        zn, znmax = self._coordinate_norms()
+        resid = self.ix[9]
+        ry = np.ascontiguousarray(resid[:, resid.shape[1] - 1])
+        terms = self.n_coords + 4
+        unit = np.finfo(np.float32).eps / 2
+        err = 2.0 * terms * unit / (1.0 - terms * unit) * (un + znmax) * 1.0001
+        bounds = np.empty(base[-1])
+        pos = np.empty(base[-1], dtype=np.int64)
+        most = int(np.diff(base).max())
+        ix = self.ix
+
+        def scan(c0, c1):
+            with one_blas_thread():  # small products per list: BLAS threads would only wait for each other
+                SF.bound_lists(c0, c1, Uh, Ut, un, rq, ix[7], ix[8], zn, ry, self.offsets, grp_ptr, grp_q, grp_slot,
+                               bounds, pos)
+
+        def finish(i0, i1):
+            SF.finish(i0, i1, Q, nq, err, self.nmax, base, bounds, pos, np.empty(most, dtype=np.int64), self.rows,
+                      self.row_ids, out_d, out_i)
+
+        _run_grouped(scan, finish, grp_ptr, n_q, n_threads)
         if np.isnan(out_d[:, 0]).any():
             check_data(X)
             raise ValueError("X holds values too large to square in float64.")

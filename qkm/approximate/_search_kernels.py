@@ -63,6 +63,9 @@ PREFETCH_AHEAD = 8
 #: Rows whose exact distance waits (prefetched) while later candidates are bounded.
 EXACT_QUEUE = 4
 
+#: Rows the head scan handles at a time (one vector): lists are read in whole multiples of it.
+HEAD_PAD = 8
+
 #: Lanes of the exact float64 distance (a runtime trip count: the loop vectorises without reassociation).
 LANES = 16
 
@@ -106,26 +109,40 @@ def _scan_heads(u, rq0, probe, n_probe, offsets, head_t, h, codec, resid, s_buf,
     """Head bounds of every row of the probed lists, in probe order; returns how many.
 
     Per coordinate ``step^2 max(|u - y| - slack, 0)^2``: the stored ``y`` is
-    within ``slack`` steps of the row's coordinate (0 for float32, 1/2 for int8).
+    within ``slack`` steps of the row's coordinate (0 for float32, 1/2 for int8;
+    float32 coordinates take the plain ``(u - y)^2``). The inner loops run over
+    whole ``HEAD_PAD`` rows (``head_t`` has ``HEAD_PAD`` spare entries at its
+    end, ``s_buf`` as many beyond the rows): what they add past a list's rows
+    is never read.
     """
     cnt = 0
     r0 = np.float32(rq0)
+    plain = codec.shape[0] > 0 and codec[0, 3] == 0.0 and codec[0, 1] == 1.0  # float32 coordinates (one codec)
     for t in range(n_probe):
         c = probe[t]
         lo = offsets[c]
         n_c = offsets[c + 1] - lo
-        acc = s_buf[cnt:cnt + n_c]
-        for r in range(n_c):
+        n_p = (n_c + HEAD_PAD - 1) // HEAD_PAD * HEAD_PAD
+        acc = s_buf[cnt:cnt + n_p]
+        for r in range(n_p):
             acc[r] = 0.0
         base = h * lo
-        for j in range(h):
-            uj = u[j]
-            wj = codec[j, 2]
-            slack = codec[j, 3]
-            col = head_t[base + j * n_c:base + (j + 1) * n_c]
-            for r in range(n_c):
-                d = max(abs(uj - np.float32(col[r])) - slack, np.float32(0.0))
-                acc[r] += wj * (d * d)
+        if plain:
+            for j in range(h):
+                uj = u[j]
+                col = head_t[base + j * n_c:base + j * n_c + n_p]
+                for r in range(n_p):
+                    d = uj - np.float32(col[r])
+                    acc[r] += d * d
+        else:
+            for j in range(h):
+                uj = u[j]
+                wj = codec[j, 2]
+                slack = codec[j, 3]
+                col = head_t[base + j * n_c:base + j * n_c + n_p]
+                for r in range(n_p):
+                    d = max(abs(uj - np.float32(col[r])) - slack, np.float32(0.0))
+                    acc[r] += wj * (d * d)
         res = resid[lo:lo + n_c, 0]
         lbs = lb_buf[cnt:cnt + n_c]
         pos = pos_buf[cnt:cnt + n_c]
@@ -214,6 +231,25 @@ def _exact_csr(qdata, qind, qlo, qhi, data, indices, lo, hi):
     return acc
 
 
+@njit(**_JIT)
+def _k_smallest(vals, cnt, first):  # IN vals (>= cnt,); OUT first (k,) positions, by value (ties: first seen)
+    """Positions of the ``k = len(first)`` smallest of ``vals[:cnt]``, smallest first; returns how many (<= k)."""
+    k = first.shape[0]
+    n = 0
+    for i in range(cnt):
+        v = vals[i]
+        if n == k and not v < vals[first[k - 1]]:
+            continue
+        t = n if n < k else k - 1
+        while t > 0 and v < vals[first[t - 1]]:
+            first[t] = first[t - 1]
+            t -= 1
+        first[t] = i
+        if n < k:
+            n += 1
+    return n
+
+
 @njit(inline="always", **_JIT)
 def _insert(d, ident, out_d, out_i):
     """Put ``(d, ident)`` into the sorted top-k ``(out_d, out_i)`` if it belongs there."""
@@ -243,7 +279,7 @@ def _search_query(z, nq, xq, qdata, qind, qlo, qhi, sparse, pd, nprobe, ix, h, b
     """
     codec = ix[3]
     sizes, offsets, head_t, tail, resid, rows, data, indices, indptr, row_ids = ix[5:]
-    u, rq, probe, s_buf, lb_buf, pos_buf, first, qpos, qlb, acc = buf
+    u, rq, probe, s_buf, lb_buf, pos_buf, first, qpos, qlb, acc, cand = buf
     k = out_d.shape[0]
     n_levels = resid.shape[1]
     m_tail = tail.shape[1]
@@ -253,28 +289,29 @@ def _search_query(z, nq, xq, qdata, qind, qlo, qhi, sparse, pd, nprobe, ix, h, b
     for t in range(k):
         out_d[t] = np.inf
         out_i[t] = row_ids.shape[0]
-    # the k smallest head bounds first (a good k-th distance early), then every row in turn
-    n_first = 0
-    for i in range(cnt):
-        v = lb_buf[i]
-        if n_first == k and not v < lb_buf[first[k - 1]]:
-            continue
-        t = n_first if n_first < k else k - 1
-        while t > 0 and v < lb_buf[first[t - 1]]:
-            first[t] = first[t - 1]
-            t -= 1
-        first[t] = i
-        if n_first < k:
-            n_first += 1
+    n_first = _k_smallest(lb_buf, cnt, first)  # the k smallest head bounds first (a good k-th distance early)
+    line = 64 // rows.itemsize
     if sparse:  # xq is all zeros between sparse queries
         for t in range(qlo, qhi):
             xq[qind[t]] = qdata[t]
-    line = 64 // rows.itemsize
+    else:  # the first k rows get their exact distance soon: fetch them while their deeper bounds are computed
+        for t in range(n_first):
+            for j in range(0, rows.shape[1], line):
+                _prefetch(rows, pos_buf[first[t]], j)
     queued = 0
-    for step in range(n_first + cnt + EXACT_QUEUE):
+    n_steps = n_first  # the first k rows; then the rows still in reach once they are done
+    gathered = False
+    step = 0
+    while step < n_steps + EXACT_QUEUE:
         kth = out_d[k - 1]
         thr = kth + MARGIN * (kth + nq + nmax)
-        if step >= n_first + cnt or queued == EXACT_QUEUE:  # exact distance of the oldest queued row
+        if step == n_first and not gathered:  # gather the candidates, so that they can be prefetched in turn
+            gathered = True
+            for t in range(cnt):
+                if 0.0 <= lb_buf[t] <= thr:
+                    cand[n_steps - n_first] = t
+                    n_steps += 1
+        if step >= n_steps or queued == EXACT_QUEUE:  # exact distance of the oldest queued row
             if queued > 0:
                 p = qpos[0]
                 if qlb[0] <= thr:
@@ -287,13 +324,16 @@ def _search_query(z, nq, xq, qdata, qind, qlo, qhi, sparse, pd, nprobe, ix, h, b
                     qlb[t] = qlb[t + 1]
                 kth = out_d[k - 1]
                 thr = kth + MARGIN * (kth + nq + nmax)
-            if step >= n_first + cnt:
+            if step >= n_steps:
+                step += 1
                 continue
-        i = first[step] if step < n_first else step - n_first
-        ahead = step - n_first + PREFETCH_AHEAD
-        if m_tail > 0 and 0 <= ahead < cnt and 0.0 <= lb_buf[ahead] <= thr:
+        early = step < n_first
+        i = first[step] if early else cand[step - n_first]
+        ahead = step + PREFETCH_AHEAD
+        if m_tail > 0 and n_first <= ahead < n_steps:
             for t in range(0, min(block, m_tail), 64 // tail.itemsize):  # a coming candidate's first block
-                _prefetch(tail, pos_buf[ahead], t)
+                _prefetch(tail, pos_buf[cand[ahead - n_first]], t)
+        step += 1
         v = lb_buf[i]
         if v < 0.0 or v > thr:  # done already, or out of reach
             continue
@@ -321,7 +361,7 @@ def _search_query(z, nq, xq, qdata, qind, qlo, qhi, sparse, pd, nprobe, ix, h, b
             if nq + ny - 2.0 * dot <= thr:
                 _insert(_exact_csr(qdata, qind, qlo, qhi, data, indices, indptr[p], indptr[p + 1]), row_ids[p],
                         out_d, out_i)
-        elif step < n_first:
+        elif early:
             d = _exact_dense(xq, rows[p], acc, kth)
             if d >= 0.0:
                 _insert(d, row_ids[p], out_d, out_i)
@@ -347,9 +387,10 @@ def _workspace(cap, ix, k, sparse):
     D, m = ix[1].shape
     L = ix[5].shape[0]
     search_buf = (np.empty(m, dtype=np.float32), np.empty(ix[9].shape[1]), np.empty(L, dtype=np.int64),
-                  np.empty(cap, dtype=np.float32), np.empty(cap, dtype=np.float32), np.empty(cap, dtype=np.int64),
+                  np.empty(cap + HEAD_PAD, dtype=np.float32), np.empty(cap, dtype=np.float32),
+                  np.empty(cap, dtype=np.int64),
                   np.empty(k, dtype=np.int64), np.empty(EXACT_QUEUE, dtype=np.int64),
-                  np.empty(EXACT_QUEUE, dtype=np.float32), np.empty(LANES))
+                  np.empty(EXACT_QUEUE, dtype=np.float32), np.empty(LANES), np.empty(cap, dtype=np.int64))
     return (np.empty(m), np.zeros(D) if sparse else np.empty(D), np.empty(D, dtype=np.int64),
             np.empty(L, dtype=np.float32), np.empty(L)), search_buf
 

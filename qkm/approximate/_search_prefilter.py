@@ -1,0 +1,137 @@
+"""numba kernels of the pre-filtered batch path of :class:`qkm.ClusterIndex` (dense rows, float32 coordinates).
+
+The per-query path (:mod:`qkm.approximate._search_kernels`) bounds the rows
+of a query's lists on their head coordinates, one query after the other, and
+refines the survivors one by one (random reads of their deeper coordinates).
+Here the queries are grouped by list as in :mod:`qkm.approximate._search_batch`
+(the same lists, chosen by the same IEEE-exact code), and every list is read
+once for all the queries that probe it: one matrix product (BLAS) of the
+group's coordinates with the list's stored coordinates, all ``m`` of them
+(head and tail), gives every probed row its full lower bound
+``||u - y||^2 + (r_q - r_y)^2`` (``u``, ``y``: the coordinates of the query
+and of the row, ``r``: their norms beyond them) in the expanded form
+``||u||^2 + ||y||^2 - 2 u.y``. Its rounding is at most
+``err = gamma * (||u||^2 + max ||y||^2)`` (``gamma``: a float32 dot product of
+``m`` terms in any order, plus the final additions), so a row is dropped only
+when its bound exceeds the current ``k``-th exact distance by more than the
+per-query path's margin plus ``err``. :func:`finish` computes the exact float64
+distance (:func:`qkm.approximate._search_kernels._exact_dense`, the per-query
+path's) of the ``k`` rows with the smallest bounds, then of every row whose
+bound is still in reach, so the answer is exactly the ``k`` nearest probed rows
+by (distance, row id), identical to the per-query path.
+"""
+
+import numpy as np
+from numba import njit
+
+from ..factorization._kernels import _JIT
+from ._search_kernels import LANES, MARGIN, _exact_dense, _insert, _k_smallest, _prefetch
+
+#: Candidates looked ahead when prefetching rows for their exact distance.
+ROW_PREFETCH_AHEAD = 1
+
+
+@njit(**_JIT)
+def bound_lists(c0, c1, Uh, Ut, un, rq, head_t, tail, yn, ry, offsets, grp_ptr, grp_q, grp_slot, bounds, pos):
+    """Lower bounds of the grouped queries' distances to the rows of lists ``c0 <= c < c1`` (squared).
+
+    IN ``Uh`` (n_q, h), ``Ut`` (n_q, m - h) float32: the queries'
+    coordinates; ``un`` (n_q,): ``||u||^2``; ``rq`` (n_q,): the queries' norms
+    beyond the ``m`` coordinates; ``head_t`` / ``tail``: the rows' stored
+    coordinates (layout of :mod:`qkm.approximate._search_kernels`); ``yn``
+    (n,): their ``||y||^2``; ``ry`` (n,) float32: the rows' norms beyond them.
+    OUT ``bounds`` (float64), ``pos`` (row positions) at the slots of
+    :func:`qkm.approximate._search_batch.plan`. Two BLAS products per list
+    (run it with one BLAS thread: the products are small).
+    """
+    h = Uh.shape[1]
+    mt = Ut.shape[1]
+    most = 0
+    for c in range(c0, c1):
+        most = max(most, grp_ptr[c + 1] - grp_ptr[c])
+    Gh = np.empty((max(most, 1), h), dtype=np.float32)
+    Gt = np.empty((max(most, 1), mt), dtype=np.float32)
+    for c in range(c0, c1):
+        g0 = grp_ptr[c]
+        g = grp_ptr[c + 1] - g0
+        lo = offsets[c]
+        n_c = offsets[c + 1] - lo
+        if g == 0 or n_c == 0:
+            continue
+        for j in range(g):
+            Gh[j] = Uh[grp_q[g0 + j]]
+            Gt[j] = Ut[grp_q[g0 + j]]
+        dots = np.dot(Gh[:g], head_t[h * lo:h * (lo + n_c)].reshape((h, n_c)))
+        if mt > 0:
+            dots += np.dot(Gt[:g], tail[lo:lo + n_c].T)
+        for j in range(g):
+            q = grp_q[g0 + j]
+            s0 = grp_slot[g0 + j]
+            uq = un[q]
+            rqq = rq[q]
+            for r in range(n_c):
+                e = rqq - np.float64(ry[lo + r])
+                bounds[s0 + r] = uq + yn[lo + r] - 2.0 * np.float64(dots[j, r]) + e * e
+                pos[s0 + r] = lo + r
+
+
+@njit(**_JIT)
+def finish(i0, i1, Q, nq, err, nmax, base, bounds, pos, cand, rows, row_ids, out_d, out_i):
+    """Exact top ``k`` of queries ``i0 <= i < i1`` from their bounds (see the module doc).
+
+    ``Q`` (n_q, D) float64 queries, ``nq`` (n_q,): ``||q - mean||^2``,
+    ``err`` (n_q,): the rounding allowance of their bounds; ``cand``: scratch
+    of at least the most slots of one query. OUT ``out_d`` (Euclidean,
+    float64), ``out_i`` (row ids), sorted by (distance, row id); NaN / -1 for
+    a query that is not finite.
+    """
+    k = out_d.shape[1]
+    first = np.empty(k, dtype=np.int64)
+    acc = np.empty(LANES)
+    for i in range(i0, i1):
+        od = out_d[i]
+        oi = out_i[i]
+        if not np.isfinite(nq[i]):
+            od[:] = np.nan
+            oi[:] = -1
+            continue
+        b = bounds[base[i]:base[i + 1]]
+        p_of = pos[base[i]:base[i + 1]]
+        n_s = b.shape[0]
+        for t in range(k):
+            od[t] = np.inf
+            oi[t] = row_ids.shape[0]
+        n_first = _k_smallest(b, n_s, first)  # the k smallest bounds first: a good k-th distance early
+        xq = Q[i]
+        for t in range(n_first):
+            for j in range(0, rows.shape[1], 64 // rows.itemsize):
+                _prefetch(rows, p_of[first[t]], j)
+        for t in range(n_first):
+            s = first[t]
+            d = _exact_dense(xq, rows[p_of[s]], acc, od[k - 1])
+            if d >= 0.0:
+                _insert(d, row_ids[p_of[s]], od, oi)
+            b[s] = np.inf
+        kth = od[k - 1]
+        thr = kth + MARGIN * (kth + nq[i] + nmax) + err[i]
+        n_c = 0
+        for s in range(n_s):
+            if b[s] <= thr:
+                cand[n_c] = s
+                n_c += 1
+        for t in range(min(n_c, ROW_PREFETCH_AHEAD)):
+            for j in range(0, rows.shape[1], 64 // rows.itemsize):
+                _prefetch(rows, p_of[cand[t]], j)
+        for t in range(n_c):
+            if t + ROW_PREFETCH_AHEAD < n_c:
+                row = p_of[cand[t + ROW_PREFETCH_AHEAD]]
+                for j in range(0, rows.shape[1], 64 // rows.itemsize):
+                    _prefetch(rows, row, j)
+            kth = od[k - 1]
+            s = cand[t]
+            if b[s] <= kth + MARGIN * (kth + nq[i] + nmax) + err[i]:
+                d = _exact_dense(xq, rows[p_of[s]], acc, kth)
+                if d >= 0.0:
+                    _insert(d, row_ids[p_of[s]], od, oi)
+        for t in range(k):
+            od[t] = np.sqrt(od[t])
