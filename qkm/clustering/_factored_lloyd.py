@@ -52,6 +52,7 @@ data themselves are never centred (sparse data stay sparse).
 import time
 
 import numpy as np
+import scipy.sparse as sp
 
 from ._stopping import IterationLog
 
@@ -74,6 +75,7 @@ class InMemoryPass:
         self._labels_old = np.full(n, -1, dtype=np.int32)
         self._partial = np.empty(n, dtype=np.float64)
         self._means_of = None  # labels whose exact means the last kept U holds (None: not such means)
+        self.sparse_rows = data.sparse
 
     n_samples = property(lambda self: self.data.n_samples)
     n_features = property(lambda self: self.data.n_features)
@@ -92,6 +94,9 @@ class InMemoryPass:
 
     def means(self, U, repair, counts):
         data = self.data
+        if sp.issparse(U):      # wide sparse data: CSR means from the sparse rows, no K x D buffer
+            return data.update_csr(self._labels, U, lambda: data.sq_distances(self._partial), counts=counts,
+                                   repair=repair)
         # in place unless a cluster is empty (then U is left as it was for a retry without the repair)
         U_new, _, _, relocated = data.update(self._labels, U, lambda: data.sq_distances(self._partial),
                                              self._means_of, counts=counts, repair=repair)
@@ -102,6 +107,14 @@ class InMemoryPass:
 
     def labels(self):
         return self._labels
+
+
+def _row_sq_norms(U):
+    """``||u_k||^2`` of an ndarray or of a CSR matrix (from its nonzeros)."""
+    if not sp.issparse(U):
+        return np.einsum("ij,ij->i", U, U)
+    return np.bincount(np.repeat(np.arange(U.shape[0]), np.diff(U.indptr)), weights=U.data * U.data,
+                       minlength=U.shape[0])
 
 
 def factored_lloyd(data, centers_init, fitter, *, max_iter, tol, rng, polish_iter, log=None, mean=None):
@@ -146,12 +159,17 @@ def factored_lloyd(data, centers_init, fitter, *, max_iter, tol, rng, polish_ite
     def centred(U64):
         return U64 if mean is None else U64 - mean
 
+    # wide sparse data: the means (and the seeds) stay CSR from the sparse rows to the refit (no K x D buffer)
+    csr = mean is None and getattr(passes, "sparse_rows", False) and \
+        getattr(fitter, "keeps_sparse", lambda k, d: False)(k, passes.n_features)
     t0 = time.perf_counter()
-    state = fitter.initial(centred(np.asarray(centers_init, dtype=np.float64)), rng)
+    seeds = sp.csr_matrix(centers_init, dtype=np.float64) if csr else np.asarray(centers_init, dtype=np.float64)
+    state = fitter.initial(centred(seeds), rng)
     operator = fitter.operator(state, passes.dtype, None, mean)
     log.record(-1, step="init", objective=None, seconds=time.perf_counter() - t0, **fitter.describe(state))
 
-    U = np.zeros((k, passes.n_features), dtype=passes.dtype)
+    U = sp.csr_matrix((k, passes.n_features), dtype=np.float64) if csr else \
+        np.zeros((k, passes.n_features), dtype=passes.dtype)
     counts = np.zeros(k, dtype=np.int64)
     history = []
     n_iter = 0
@@ -160,12 +178,13 @@ def factored_lloyd(data, centers_init, fitter, *, max_iter, tol, rng, polish_ite
 
     def attempt(U, max_palm, polish):
         """A guarded refit to the means ``U``: ``(objective, kept, new state or None, before, after)``."""
-        U64 = np.asarray(U, dtype=np.float64)
+        U64 = U if sp.issparse(U) else np.asarray(U, dtype=np.float64)
         weights = np.sqrt(counts.astype(np.float64))
-        within = x_sq_total - float(counts @ np.einsum("ij,ij->i", U64, U64))
+        within = x_sq_total - float(counts @ _row_sq_norms(U64))
         new_state, after, before = fitter.refit(centred(U64), weights, state, max_palm, polish)
         tried.clear()
         tried.update(fitter.describe(new_state))    # what ran, kept or not (e.g. the columns path)
+        tried["means"] = "csr" if sp.issparse(U64) else "dense"
         kept = after <= before
         return within + min(after, before), kept, new_state if kept else None, before, after
 

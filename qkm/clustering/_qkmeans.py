@@ -22,7 +22,7 @@ from .._threads import effective_n_threads, numba_threads, single_threaded_blas
 from .._validation import check_data
 from ..factorization._chain_calibration import ChainCalibration
 from ..operator import FactorChainOperator
-from ..factorization._factorize import factorize, lsq_refit, sparse_target
+from ..factorization._factorize import factorize, lsq_refit, sparse_target, wide_target
 from ..factorization._lsq import factor_budgets
 from ..factorization._palm import chain_shapes
 
@@ -98,6 +98,10 @@ class _ChainFitter:
         K, D = U.shape
         self.budgets = factor_budgets(chain_shapes(K, D, self.n_factors), self.sparsity_level)
         return factorize(U, weights, self.n_factors, self.sparsity_level, self.INIT_SWEEPS, self.tol)
+
+    def keeps_sparse(self, n_clusters, n_features):
+        """Whether the Lloyd loop keeps the means of sparse data as CSR (wide data: see ``wide_target``)."""
+        return wide_target(n_features, self.n_factors)
 
     def refit(self, U, weights, state, max_iter, polish=False):
         # on the active columns of U and of the last factor only (qkm.factorization._columns), and with U kept
