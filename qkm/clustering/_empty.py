@@ -65,7 +65,9 @@ def relocate_empty_clusters_csr(data, labels, sq_dist, counts, C_new):
     for j, pos, l, n_l in moves:
         x = sp.csr_matrix(data.X[far_first[pos]], dtype=np.float64)
         donor = rows[l] if l in rows else C_new[l]
-        rows[l] = _rounded((donor * n_l - x) / (n_l - 1), data.dtype)
+        rest = sp.csr_matrix(donor * n_l - x)
+        rest.data /= n_l - 1                    # a true division, as the dense repair (scipy's "/" multiplies)
+        rows[l] = _rounded(rest, data.dtype)
         rows[j] = _rounded(x, data.dtype)
     return replace_rows(C_new, rows), len(moves)
 
