@@ -11,14 +11,10 @@ import tracemalloc
 import numpy as np
 import pytest
 import scipy.sparse as sp
-from sklearn.utils import check_random_state
 
 import naive
 from qkm import QKMeans, _config
 from qkm._data import KMeansData
-from qkm.clustering._base import initial_centers
-from qkm.clustering._factored_lloyd import factored_lloyd
-from qkm.clustering._stopping import IterationLog
 from qkm.factorization._lsq_sparse import gradient_step_support
 
 
@@ -80,37 +76,31 @@ def test_streamed_gradient_support_equals_dense_threshold():
             assert n == ref_rows.size
 
 
-def test_wide_csr_lloyd_loop_holds_no_dense_k_by_d_buffer(monkeypatch):
-    """The whole loop (assignments, CSR means, sparse sweeps, guard, polish) below one K x D float64 buffer.
+def test_wide_csr_fit_holds_no_dense_k_by_d_buffer(monkeypatch):
+    """The whole fit (validation, k-means++ seeds, assignments, CSR means, sparse sweeps, guard, polish) below
+    one K x D float64 buffer; ``cluster_centers_`` is folded on first access only.
 
-    The dense means (the code before) peaked at about 4 K x D here; the bound scales with nnz(X), s D, n A and
+    The dense means (the code before) peaked at about 5 K x D here; the bound scales with nnz(X), s D, n A and
     A^2, never with K D. The chain is never folded (FOLD_MAX_BYTES 0), as on real wide data.
     """
     monkeypatch.setattr(_config, "FOLD_MAX_BYTES", 0)
     n, d, k = 300, 16384, 96
     X = _docs(n, d, 150, 8)                                 # every word used: the full-width sweeps run
-    est = QKMeans(k, n_factors=3, sparsity_level=2, random_state=0)
-    est._check_params()
-    data = KMeansData(X)
-    seeds = sp.csr_matrix(initial_centers(est, data, k, check_random_state(0)).centers)
-
-    def run():
-        log = IterationLog(0)
-        out = factored_lloyd(data, seeds, est._make_fitter(k, d), max_iter=3, tol=0.0, rng=check_random_state(0),
-                             polish_iter=2, log=log)
-        return out, log.records
-
-    run()                                                   # compiled / cached kernels loaded outside the trace
+    kw = dict(n_factors=3, sparsity_level=2, max_iter=3, tol=0.0, palm_max_iter=2, random_state=0)
+    QKMeans(k, **kw).fit(X)                                 # compiled / cached kernels loaded outside the trace
     tracemalloc.start()
     try:
-        result, records = run()
+        est = QKMeans(k, **kw).fit(X)
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
-    ran = [r for r in records if r["step"] in ("refit", "polish")]
+    ran = [r for r in est.history_ if r["step"] in ("refit", "polish")]
     assert ran and all((r["means"], r["target"], r["columns"]) == ("csr", "sparse", "dense") for r in ran)
-    assert any(r["kept"] for r in ran) and result["n_iter"] == 3
-    assert peak < k * d * 8, f"the loop allocated {peak / 1e6:.1f} MB, a K x D buffer is {k * d * 8 / 1e6:.1f} MB"
+    assert any(r["kept"] for r in ran) and est.n_iter_ == 3
+    assert peak < k * d * 8, f"the fit allocated {peak / 1e6:.1f} MB, a K x D buffer is {k * d * 8 / 1e6:.1f} MB"
+    centers = est.cluster_centers_                          # folded now, and the same as the chain's product
+    np.testing.assert_allclose(centers, naive.chain_product([f.toarray() for f in est.factors_]), rtol=1e-12,
+                               atol=1e-15)
 
 
 def test_csr_fit_with_an_empty_cluster_equals_dense_fit():
