@@ -8,9 +8,10 @@ repeated ``--repeats`` times, the two methods interleaved. Recorded per run:
 fit seconds, peak memory of the fit (VmHWM - VmRSS, the high-water mark reset
 before the fit), the objective recomputed by one common float64 function at the
 final centres, compression (``K * D / nnz``), the refit paths QK-means ran
-(``history_``: step:columns/target[/start][/means=], e.g. ``refit:dense/sparse/means=csr``: all
-columns, sparse target, the cluster means kept as CSR: no dense ``K x D`` buffer), and assignment time through each model's ``predict``: single
-rows (median over rows) and the whole data set.
+(``history_``: step:columns/target[/start][/means=], e.g. ``refit:dense/sparse/means=csr``:
+all columns, sparse target, the cluster means kept as CSR: no dense ``K x D`` buffer), and
+assignment time through each model's ``predict``: single rows (median over rows) and the
+whole data set.
 
 Data sets (``--data-dir``, default ``<repo>/../shared/data``; the loaders and
 caches of ``benchmarks/train_sparse.py``): ``20news-tfidf`` (20 Newsgroups

@@ -34,7 +34,8 @@ shards on a Dask cluster, so both paths run this one loop):
   empty clusters kept from ``U``; with ``repair`` an empty cluster takes the
   point farthest from its centre, as :func:`qkm.clustering._empty.relocate_empty_clusters`),
   ``counts`` (OUT) the sizes after the repair; returns ``(U_new, relocated)``
-  (``U`` may be overwritten when no cluster is empty: one K x D buffer);
+  (``U`` may be overwritten when no cluster is empty: one K x D buffer; a CSR
+  ``U`` gives CSR means, see below);
 - ``refit_done(relocated)``: the means just kept (unless ``relocated``) are
   those of the current labels (the in-memory pass then recomputes only the
   clusters whose members change);
@@ -42,6 +43,15 @@ shards on a Dask cluster, so both paths run this one loop):
 
 The guard needs no pass of its own: the objective of a refit is the closed
 form above, from the sums ``x_sq_total``, the means and the counts.
+
+Wide sparse data. When the pass holds sparse rows (``sparse_rows``), no
+``mean`` is kept and the fitter ``keeps_sparse(K, D)`` (QK-means: at least
+2,048 columns, :func:`qkm.factorization._factorize.wide_target`, the width rule
+of the sparse sweeps), the seeds and the means stay CSR from the sparse rows
+through the refit, the guard (norms from the nonzeros) and the empty-cluster
+repair (:meth:`qkm._data.KMeansData.update_csr`): no dense ``K x D`` buffer.
+The values are those of the dense means (the same bits); the refit and polish
+records say which ran (``means``: "csr" or "dense").
 
 Centring. With a ``mean`` ``mu`` the centroids are ``mu + V``: the fitter only
 ever sees centred means ``U - mu`` (the structure is spent on what the

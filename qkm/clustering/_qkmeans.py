@@ -236,7 +236,10 @@ default="k-means++"
         and "dense" otherwise; ``sweeps`` counts the least-squares sweeps run;
         the ``init`` record's ``start`` is "exact" when the seeds fit the last
         factor's budget (the chain starts as identities times the seeds, wide
-        sparse data) and "hierarchical" (palm4MSA) otherwise.
+        sparse data) and "hierarchical" (palm4MSA) otherwise; ``means`` is
+        "csr" when the cluster means were kept as CSR from the sparse rows
+        (sparse data, at least 2,048 columns, ``center=False``: no dense
+        ``K x D`` array in the fit) and "dense" otherwise.
     nnz_, flops_ : int
         Nonzeros of the factors and flops to assign a sample (``2 * nnz_``;
         the mean needs none for the labels).

@@ -27,8 +27,8 @@ from ._lsq import factor_budgets, lsq_palm
 from ._lsq_sparse import sparse_lsq_palm
 from ._palm import chain_shapes
 
-__all__ = ["SPARSE_TARGET_MAX_DENSITY", "SPARSE_TARGET_MIN_COLUMNS", "exact_start", "factorize", "lsq_refit", "sparse_target",
-           "wide_target"]
+__all__ = ["SPARSE_TARGET_MAX_DENSITY", "SPARSE_TARGET_MIN_COLUMNS", "exact_start", "factorize", "lsq_refit",
+           "sparse_target", "wide_target"]
 
 #: Sweeps of the hierarchical palm4MSA that gives the first supports (split, global, final).
 HIERARCHICAL_SWEEPS = (30, 30, 100)
