@@ -8,9 +8,10 @@ repeated ``--repeats`` times, the two methods interleaved. Recorded per run:
 fit seconds, peak memory of the fit (VmHWM - VmRSS, the high-water mark reset
 before the fit), the objective recomputed by one common float64 function at the
 final centres, compression (``K * D / nnz``), the refit paths QK-means ran
-(``history_``: step:columns/target[/start], e.g. ``refit:dense/sparse``: all
-columns, sparse target), and assignment time through each model's ``predict``: single
-rows (median over rows) and the whole data set.
+(``history_``: step:columns/target[/start][/means=], e.g. ``refit:dense/sparse/means=csr``:
+all columns, sparse target, the cluster means kept as CSR: no dense ``K x D`` buffer), and
+assignment time through each model's ``predict``: single rows (median over rows) and the
+whole data set.
 
 Data sets (``--data-dir``, default ``<repo>/../shared/data``; the loaders and
 caches of ``benchmarks/train_sparse.py``): ``20news-tfidf`` (20 Newsgroups
@@ -98,7 +99,8 @@ def child(spec_path, threads):
                objective=objective, n_iter=int(model.n_iter_), single_row_us=float(np.median(single)) * 1e6,
                batch_s=batch_s)
     if spec["method"] == "qkmeans":
-        paths = [(r["step"], f'{r.get("columns")}/{r.get("target")}' + (f'/{r["start"]}' if "start" in r else ""),
+        paths = [(r["step"], f'{r.get("columns")}/{r.get("target")}' + (f'/{r["start"]}' if "start" in r else "")
+                  + (f'/means={r["means"]}' if "means" in r else ""),
                   r.get("n_columns")) for r in model.history_ if r["step"] in ("init", "refit", "polish")]
         steps = {}
         for r in model.history_:

@@ -22,7 +22,7 @@ from . import _config
 from .factorization import _kernels as K_
 from . import _reduce
 from .factorization._kernels import centroid_sq_norms
-from .clustering._empty import relocate_empty_clusters
+from .clustering._empty import relocate_empty_clusters, relocate_empty_clusters_csr, replace_rows
 
 class StorageChooser:
     """Chooses the layout of C^T for sparse data by measured wall-clock time.
@@ -259,6 +259,46 @@ class KMeansData:
         if counts is not None:
             counts[:] = counts_
         return C_new, shift_sq, c_sq, relocated
+
+    def update_csr(self, labels, C, own_sq_distances, counts=None, repair=True):
+        """:meth:`update` keeping the means as CSR (sparse data; wide sparse data never hold a ``K x D`` buffer).
+
+        The sums come from the sparse rows (:meth:`cluster_sums`: the touched
+        entries only, the block-tree order), each mean is rounded to the data's
+        precision as :meth:`update` stores it, so the values are those of
+        :meth:`update` (the same bits); empty clusters keep their row of ``C``
+        or, with ``repair``, are repaired as there
+        (:func:`qkm.clustering._empty.relocate_empty_clusters_csr`).
+
+        Parameters
+        ----------
+        labels : ndarray of shape (n_samples,)
+            IN  current assignment.
+        C : scipy.sparse.csr_matrix of shape (n_clusters, n_features), float64
+            IN  the previous means (rows of empty clusters are kept from it); not modified.
+        own_sq_distances : callable
+            As in :meth:`update`; called only when a cluster is empty.
+        counts : ndarray of shape (n_clusters,), int64, default=None
+            OUT cluster sizes after the repair.
+        repair : bool, default=True
+
+        Returns
+        -------
+        C_new : scipy.sparse.csr_matrix of shape (n_clusters, n_features), float64, sorted indices
+        n_relocated : int
+        """
+        k = C.shape[0]
+        counts_, sums = self.cluster_sums(labels, k)
+        inv = 1.0 / np.maximum(counts_, 1)
+        sums.data = (sums.data * np.repeat(inv, np.diff(sums.indptr))).astype(self.dtype).astype(np.float64)
+        empty = np.flatnonzero(counts_ == 0)
+        C_new = replace_rows(sums, {int(j): C[j] for j in empty})
+        relocated = 0
+        if empty.size and repair:
+            C_new, relocated = relocate_empty_clusters_csr(self, labels, own_sq_distances(), counts_, C_new)
+        if counts is not None:
+            counts[:] = counts_
+        return C_new, relocated
 
     def row(self, i):
         """Row ``i`` as a dense float64 vector."""

@@ -176,3 +176,14 @@ def potential(X, C):
 def bernoulli_rows(n, p, random_state):
     """Rows kept independently with probability p, one coin per row (what geometric skips emulate)."""
     return np.flatnonzero(random_state.uniform(size=n) < p)
+
+
+def hard_threshold_support(Z, k):
+    """Rows of ``Z`` (D x A magnitudes) keeping its ``k`` largest positive entries, ties by row-major order:
+    ``(ptr, cols)`` as a CSR support."""
+    flat = np.asarray(Z, dtype=np.float64).reshape(-1)
+    order = np.lexsort((np.arange(flat.size), -flat))          # largest first, then by position
+    keep = np.sort(order[:k][flat[order[:k]] > 0.0])
+    a = Z.shape[1]
+    ptr = np.concatenate([[0], np.cumsum(np.bincount(keep // a, minlength=Z.shape[0]))])
+    return ptr, keep % a

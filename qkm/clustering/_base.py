@@ -9,6 +9,7 @@ import numbers
 import warnings
 
 import numpy as np
+import scipy.sparse as sp
 from sklearn.base import BaseEstimator, ClassNamePrefixFeaturesOutMixin, ClusterMixin, TransformerMixin
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.utils.validation import check_is_fitted
@@ -101,18 +102,20 @@ def check_verbose(verbose):
         raise ValueError(f"verbose must be an integer >= 0; got {verbose!r}.")
 
 
-def initial_centers(est, data, n_clusters, rng):
+def initial_centers(est, data, n_clusters, rng, sparse_centers=False):
     """Seeds of one run (:class:`qkm.clustering._seeding.Seeds`: centres, cost, seconds) for an estimator.
 
     ``est`` is an estimator with the init parameters or a
     :class:`qkm.clustering._seeding.Seeding`. A given array is checked against the data;
-    its cost comes from one assignment pass.
+    its cost comes from one assignment pass. ``sparse_centers``: the centres as CSR
+    (see :func:`qkm.clustering._seeding.run_seeding`).
     """
     seeding = est if isinstance(est, Seeding) else seeding_of(est)
     if isinstance(seeding.init, str):
-        return run_seeding(seeding, data, n_clusters, rng)
+        return run_seeding(seeding, data, n_clusters, rng, sparse_centers)
     centers = check_init_array(seeding.init, n_clusters, data.n_features, data.dtype)
-    return Seeds(centers, potential(data, centers), 0.0, "array", data.n_samples)
+    cost = potential(data, centers)
+    return Seeds(sp.csr_matrix(centers) if sparse_centers else centers, cost, 0.0, "array", data.n_samples)
 
 
 def run_random_states(rng, n_runs):

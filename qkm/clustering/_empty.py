@@ -6,10 +6,12 @@ another cluster. The donor cluster's mean is updated to exclude the point.
 """
 
 import numpy as np
+import scipy.sparse as sp
 
 from ..factorization._kernels import centroid_sq_norms
 
-__all__ = ["relocate_empty_clusters", "plan_relocations", "apply_relocations"]
+__all__ = ["relocate_empty_clusters", "relocate_empty_clusters_csr", "plan_relocations", "apply_relocations",
+           "replace_rows"]
 
 
 def relocate_empty_clusters(data, labels, sq_dist, counts, C_new, shift_sq, c_sq, C_old):
@@ -45,6 +47,46 @@ def relocate_empty_clusters(data, labels, sq_dist, counts, C_new, shift_sq, c_sq
     rows = [data.row(far_first[pos]) for _, pos, _, _ in moves]
     apply_relocations(moves, rows, C_new, shift_sq, c_sq, C_old)
     return len(moves)
+
+
+def relocate_empty_clusters_csr(data, labels, sq_dist, counts, C_new):
+    """:func:`relocate_empty_clusters` with the means kept as CSR (wide sparse data: no ``K x D`` buffer).
+
+    ``C_new`` (CSR, float64 values of the data's precision) is not modified;
+    returns ``(C_repaired, n_relocated)``. The moves and the values are those
+    of the dense repair (the same float64 operations on the nonzeros, rounded
+    to the data's precision); the squared moves and norms are not kept.
+    """
+    if not (counts == 0).any():
+        return C_new, 0
+    far_first = np.argsort(-sq_dist, kind="stable")
+    moves = plan_relocations(counts, labels[far_first], sq_dist[far_first])
+    rows = {}
+    for j, pos, l, n_l in moves:
+        x = sp.csr_matrix(data.X[far_first[pos]], dtype=np.float64)
+        donor = rows[l] if l in rows else C_new[l]
+        rest = sp.csr_matrix(donor * n_l - x)
+        rest.data /= n_l - 1                    # a true division, as the dense repair (scipy's "/" multiplies)
+        rows[l] = _rounded(rest, data.dtype)
+        rows[j] = _rounded(x, data.dtype)
+    return replace_rows(C_new, rows), len(moves)
+
+
+def _rounded(row, dtype):
+    """A CSR row with its values rounded to ``dtype`` (kept float64), zeros dropped, indices sorted."""
+    row = sp.csr_matrix(row, dtype=np.float64)
+    row.data = row.data.astype(dtype).astype(np.float64)
+    row.eliminate_zeros()
+    row.sort_indices()
+    return row
+
+
+def replace_rows(M, rows):
+    """CSR ``M`` with row ``i`` replaced by ``rows[i]`` (a 1 x D CSR) for every key of ``rows``."""
+    if not rows:
+        return M
+    pieces = [rows[i] if i in rows else M[i] for i in range(M.shape[0])]
+    return sp.csr_matrix(sp.vstack(pieces, format="csr", dtype=np.float64))
 
 
 def plan_relocations(counts, cand_labels, cand_sq):

@@ -34,7 +34,8 @@ shards on a Dask cluster, so both paths run this one loop):
   empty clusters kept from ``U``; with ``repair`` an empty cluster takes the
   point farthest from its centre, as :func:`qkm.clustering._empty.relocate_empty_clusters`),
   ``counts`` (OUT) the sizes after the repair; returns ``(U_new, relocated)``
-  (``U`` may be overwritten when no cluster is empty: one K x D buffer);
+  (``U`` may be overwritten when no cluster is empty: one K x D buffer; a CSR
+  ``U`` gives CSR means, see below);
 - ``refit_done(relocated)``: the means just kept (unless ``relocated``) are
   those of the current labels (the in-memory pass then recomputes only the
   clusters whose members change);
@@ -42,6 +43,15 @@ shards on a Dask cluster, so both paths run this one loop):
 
 The guard needs no pass of its own: the objective of a refit is the closed
 form above, from the sums ``x_sq_total``, the means and the counts.
+
+Wide sparse data. When the pass holds sparse rows (``sparse_rows``), no
+``mean`` is kept and the fitter ``keeps_sparse(K, D)`` (QK-means: at least
+2,048 columns, :func:`qkm.factorization._factorize.wide_target`, the width rule
+of the sparse sweeps), the seeds and the means stay CSR from the sparse rows
+through the refit, the guard (norms from the nonzeros) and the empty-cluster
+repair (:meth:`qkm._data.KMeansData.update_csr`): no dense ``K x D`` buffer.
+The values are those of the dense means (the same bits); the refit and polish
+records say which ran (``means``: "csr" or "dense").
 
 Centring. With a ``mean`` ``mu`` the centroids are ``mu + V``: the fitter only
 ever sees centred means ``U - mu`` (the structure is spent on what the
@@ -52,6 +62,7 @@ data themselves are never centred (sparse data stay sparse).
 import time
 
 import numpy as np
+import scipy.sparse as sp
 
 from ._stopping import IterationLog
 
@@ -74,6 +85,7 @@ class InMemoryPass:
         self._labels_old = np.full(n, -1, dtype=np.int32)
         self._partial = np.empty(n, dtype=np.float64)
         self._means_of = None  # labels whose exact means the last kept U holds (None: not such means)
+        self.sparse_rows = data.sparse
 
     n_samples = property(lambda self: self.data.n_samples)
     n_features = property(lambda self: self.data.n_features)
@@ -92,6 +104,9 @@ class InMemoryPass:
 
     def means(self, U, repair, counts):
         data = self.data
+        if sp.issparse(U):      # wide sparse data: CSR means from the sparse rows, no K x D buffer
+            return data.update_csr(self._labels, U, lambda: data.sq_distances(self._partial), counts=counts,
+                                   repair=repair)
         # in place unless a cluster is empty (then U is left as it was for a retry without the repair)
         U_new, _, _, relocated = data.update(self._labels, U, lambda: data.sq_distances(self._partial),
                                              self._means_of, counts=counts, repair=repair)
@@ -102,6 +117,14 @@ class InMemoryPass:
 
     def labels(self):
         return self._labels
+
+
+def _row_sq_norms(U):
+    """``||u_k||^2`` of an ndarray or of a CSR matrix (from its nonzeros)."""
+    if not sp.issparse(U):
+        return np.einsum("ij,ij->i", U, U)
+    return np.bincount(np.repeat(np.arange(U.shape[0]), np.diff(U.indptr)), weights=U.data * U.data,
+                       minlength=U.shape[0])
 
 
 def factored_lloyd(data, centers_init, fitter, *, max_iter, tol, rng, polish_iter, log=None, mean=None):
@@ -146,12 +169,17 @@ def factored_lloyd(data, centers_init, fitter, *, max_iter, tol, rng, polish_ite
     def centred(U64):
         return U64 if mean is None else U64 - mean
 
+    # wide sparse data: the means (and the seeds) stay CSR from the sparse rows to the refit (no K x D buffer)
+    csr = mean is None and getattr(passes, "sparse_rows", False) and \
+        getattr(fitter, "keeps_sparse", lambda k, d: False)(k, passes.n_features)
     t0 = time.perf_counter()
-    state = fitter.initial(centred(np.asarray(centers_init, dtype=np.float64)), rng)
+    seeds = sp.csr_matrix(centers_init, dtype=np.float64) if csr else np.asarray(centers_init, dtype=np.float64)
+    state = fitter.initial(centred(seeds), rng)
     operator = fitter.operator(state, passes.dtype, None, mean)
     log.record(-1, step="init", objective=None, seconds=time.perf_counter() - t0, **fitter.describe(state))
 
-    U = np.zeros((k, passes.n_features), dtype=passes.dtype)
+    U = sp.csr_matrix((k, passes.n_features), dtype=np.float64) if csr else \
+        np.zeros((k, passes.n_features), dtype=passes.dtype)
     counts = np.zeros(k, dtype=np.int64)
     history = []
     n_iter = 0
@@ -160,12 +188,13 @@ def factored_lloyd(data, centers_init, fitter, *, max_iter, tol, rng, polish_ite
 
     def attempt(U, max_palm, polish):
         """A guarded refit to the means ``U``: ``(objective, kept, new state or None, before, after)``."""
-        U64 = np.asarray(U, dtype=np.float64)
+        U64 = U if sp.issparse(U) else np.asarray(U, dtype=np.float64)
         weights = np.sqrt(counts.astype(np.float64))
-        within = x_sq_total - float(counts @ np.einsum("ij,ij->i", U64, U64))
+        within = x_sq_total - float(counts @ _row_sq_norms(U64))
         new_state, after, before = fitter.refit(centred(U64), weights, state, max_palm, polish)
         tried.clear()
         tried.update(fitter.describe(new_state))    # what ran, kept or not (e.g. the columns path)
+        tried["means"] = "csr" if sp.issparse(U64) else "dense"
         kept = after <= before
         return within + min(after, before), kept, new_state if kept else None, before, after
 

@@ -10,8 +10,8 @@ centroid operator: a product of sparse factors fitted by palm4MSA
 import math
 
 import numpy as np
-import scipy.sparse as sp
 from sklearn.utils import check_random_state
+from sklearn.utils.validation import check_is_fitted
 
 from ._base import (OperatorClusterMixin, check_nonnegative_float, check_seeding, check_verbose, initial_centers,
                     is_int, resolve_n_clusters, warn_if_clusters_lost)
@@ -20,11 +20,8 @@ from ._factored_lloyd import factored_lloyd
 from ._stopping import IterationLog
 from .._threads import effective_n_threads, numba_threads, single_threaded_blas
 from .._validation import check_choice, check_data
-from ..factorization._chain_calibration import ChainCalibration
-from ..operator import FactorChainOperator
-from ..factorization._factorize import factorize, lsq_refit, sparse_target
-from ..factorization._lsq import BUDGET_SPLITS, factor_budgets
-from ..factorization._palm import chain_shapes
+from ..factorization._lsq import BUDGET_SPLITS
+from ._fitters import _ChainFitter, _LowRankFitter
 
 __all__ = ["QKMeans", "LowRankKMeans", "default_n_factors"]
 
@@ -38,134 +35,6 @@ def default_n_factors(n_clusters, n_features):
     9
     """
     return max(1, int(math.floor(math.log2(max(n_clusters, n_features, 1)))))
-
-
-def _weighted_sq_error(U, V, weights):
-    diff = (U - V) * weights[:, None]
-    return float(np.einsum("ij,ij->", diff, diff))
-
-
-def _training_operator(factors, dtype, previous, mean=None):
-    """The chain for a training step: timings reused from ``previous``, bit-identical paths only.
-
-    Excluding the BLAS-rounded dense path makes a fit reproducible from
-    ``random_state`` whatever the measured timings choose.
-    """
-    calibration = previous.calibration if previous is not None else ChainCalibration(bit_identical=True)
-    return FactorChainOperator(factors, dtype=dtype, calibration=calibration, mean=mean)
-
-
-#: Least-squares sweeps per warm refit and in the final polish when ``palm_warm_iter`` / ``palm_max_iter`` are
-#: None, for dense targets and for sparse ones (wide sparse data, qkm.factorization._lsq_sparse). Measured on
-#: news20 (K = 100, s = 3, same seeds, supports moved in the first sweep only): after 6 Lloyd iterations 2
-#: sweeps per refit reached 14,261 against 14,259 with 10 (K-means converges at 14,213) in about half the
-#: refit time; full fits (load 3): 1 sweep 7.5 s, objective 14,231.7; 2 sweeps 9.2 s, 14,231.9 (20 Newsgroups:
-#: 20.9 s, 16,738.12 vs 22.0 s, 16,738.06; K-means 16,732.7). A 30-sweep polish gained 4e-6 relative
-#: (10 sweeps: 5e-6, and 9 s of an 80 s fit on 20 Newsgroups under load), hence 3.
-DENSE_WARM_SWEEPS, DENSE_POLISH_SWEEPS = 10, 300
-SPARSE_WARM_SWEEPS, SPARSE_POLISH_SWEEPS = 1, 3
-
-
-# --------------------------------------------------------------------------- #
-# Fitters: how a structure is fitted to weighted means (see _factored_lloyd)
-# --------------------------------------------------------------------------- #
-class _ChainFitter:
-    """``V = lam S_1 ... S_Q``, factor ``q`` keeping at most its budget (:func:`factor_budgets`, ``budget_split``).
-
-    The seeds are factorised by :func:`qkm.factorization._lsq.factorize` (hierarchical
-    palm4MSA, then least-squares sweeps within the budgets); every refit runs
-    ``max_iter`` least-squares sweeps warm from the current factors, each
-    factor solved exactly on a support chosen afresh (greedy orthogonal least
-    squares under the budget for the first and last factor, the support of a
-    projected gradient step for the inner ones) and kept only if the weighted
-    error goes down (:mod:`qkm.factorization._lsq`). PALM's single gradient step per factor
-    rarely moves a support: on Fashion-MNIST (K = 64, s = 3, 20 Lloyd
-    iterations from the same seeds) the objective went from 1.207 to 1.066
-    times K-means' with fewer values (3,888 instead of 4,588).
-    """
-
-    #: Least-squares sweeps on the seeds after the hierarchical start.
-    INIT_SWEEPS = 0
-
-    def __init__(self, n_factors, sparsity_level, warm_iter, tol, budget_split="even"):
-        self.n_factors = n_factors
-        self.budget_split = budget_split
-        self.sparsity_level = sparsity_level
-        self.warm_iter = warm_iter
-        self.tol = tol
-        self.budgets = None
-
-    def initial(self, U, rng, weights=None):
-        K, D = U.shape
-        self.budgets = factor_budgets(chain_shapes(K, D, self.n_factors), self.sparsity_level, self.budget_split)
-        return factorize(U, weights, self.n_factors, self.sparsity_level, self.INIT_SWEEPS, self.tol,
-                         budget_split=self.budget_split)
-
-    def refit(self, U, weights, state, max_iter, polish=False):
-        # on the active columns of U and of the last factor only (qkm.factorization._columns), and with U kept
-        # sparse when it is (qkm.factorization._lsq_sparse): there the supports move in the first sweep only
-        sparse = sparse_target(U, self.n_factors)
-        if max_iter is None:
-            max_iter = (SPARSE_POLISH_SWEEPS if sparse else DENSE_POLISH_SWEEPS) if polish else \
-                (SPARSE_WARM_SWEEPS if sparse else DENSE_WARM_SWEEPS)
-        state = lsq_refit(U, weights, list(state.factors), state.lam, self.budgets, max_iter, self.tol,
-                          1 if sparse else max_iter, target="sparse" if sparse else "dense")
-        return state, state.objective, state.start_objective
-
-    def factors(self, state):
-        """Factors with the scale folded into the first one."""
-        return [state.lam * state.factors[0]] + list(state.factors[1:])
-
-    def operator(self, state, dtype, previous, mean=None):
-        return _training_operator(self.factors(state), dtype, previous, mean)
-
-    def describe(self, state):
-        out = {"nnz": int(sum(_count_nonzero(f) for f in state.factors)), "columns": state.path,
-               "n_columns": int(state.n_columns), "target": state.target, "sweeps": int(state.n_iter)}
-        if state.start:
-            out["start"] = state.start
-        return out
-
-
-def _count_nonzero(f):
-    return int(np.count_nonzero(f.data)) if sp.issparse(f) else int(np.count_nonzero(f))
-
-
-class _LowRankFitter:
-    """``V = P Q`` with ``P`` of shape (K, r) and ``Q`` of shape (r, D), fitted by truncated SVD."""
-
-    warm_iter = 1
-
-    def __init__(self, rank):
-        self.rank = rank
-
-    def _fit(self, U, weights):
-        r = min(self.rank, *U.shape)
-        M = U * weights[:, None]
-        left, sing, right = np.linalg.svd(M, full_matrices=False)
-        Q = right[:r]
-        P = np.empty((U.shape[0], r))
-        positive = weights > 0
-        P[positive] = left[positive, :r] * sing[:r] / weights[positive, None]
-        P[~positive] = U[~positive] @ Q.T  # rows that do not count: their projection on the basis
-        return P, Q
-
-    def initial(self, U, rng):
-        return self._fit(U, np.ones(U.shape[0]))
-
-    def refit(self, U, weights, state, max_iter, polish=False):
-        P, Q = self._fit(U, weights)
-        before = np.inf if state is None else _weighted_sq_error(U, state[0] @ state[1], weights)
-        return (P, Q), _weighted_sq_error(U, P @ Q, weights), before
-
-    def factors(self, state):
-        return [state[0], state[1]]
-
-    def operator(self, state, dtype, previous, mean=None):
-        return _training_operator(self.factors(state), dtype, previous, mean)
-
-    def describe(self, state):
-        return {"nnz": int(state[0].size + state[1].size)}
 
 
 # --------------------------------------------------------------------------- #
@@ -215,8 +84,11 @@ class _FactoredKMeans(OperatorClusterMixin):
             # with center=True the structure fits the centred means; the mean is kept beside it
             mean = data.column_mean() if self.center else None
             for run_id in range(n_runs):
-                seeds = initial_centers(self, data, n_clusters, rng)
                 fitter = self._make_fitter(n_clusters, X.shape[1])
+                # wide sparse data: seeds, means and refits in CSR, never a dense K x D buffer (_factored_lloyd)
+                wide = data.sparse and mean is None and getattr(fitter, "keeps_sparse", lambda k, d: False)(
+                    n_clusters, X.shape[1])
+                seeds = initial_centers(self, data, n_clusters, rng, sparse_centers=wide)
                 prefix = f"run {run_id + 1}: " if self.verbose else ""
                 log = IterationLog(self.verbose, prefix=prefix, callback=callback, first=seeds.record)
                 result = factored_lloyd(data, seeds.centers, fitter, max_iter=self.max_iter, tol=self.tol, rng=rng,
@@ -227,13 +99,26 @@ class _FactoredKMeans(OperatorClusterMixin):
         warn_if_clusters_lost(result["labels"], n_clusters)
         return self._set_fitted(result, records, n_clusters)
 
+    @property
+    def cluster_centers_(self):
+        """``mean_ + S_1 ... S_Q`` as a dense array, folded on first access when the chain is large."""
+        check_is_fitted(self, "operator_")
+        if self.__dict__.get("_cluster_centers") is None:
+            self._cluster_centers = np.ascontiguousarray(self.operator_.to_dense())
+        return self._cluster_centers
+
+    @cluster_centers_.setter
+    def cluster_centers_(self, value):
+        self._cluster_centers = value
+
     def _set_fitted(self, result, records, n_clusters):
         operator = result["operator"]
         self.operator_ = operator
         self.factors_ = list(operator.factors)
         self.mean_ = None if operator.mean is None else np.array(operator.mean)
         self.nnz_with_mean_ = int(operator.nnz + operator.mean_nnz)
-        self.cluster_centers_ = np.ascontiguousarray(operator.to_dense())
+        # folded now only when the operator holds V (a small chain); a large one (wide data) on first access
+        self._cluster_centers = np.ascontiguousarray(operator.to_dense()) if operator.holds_dense else None
         self.labels_ = result["labels"]
         self.inertia_ = result["inertia"]
         self.n_iter_ = result["n_iter"]
@@ -333,7 +218,9 @@ default="k-means++"
         The mean kept beside the factors (``center=True``), else None.
     operator_ : qkm.operator.FactorChainOperator
     cluster_centers_ : ndarray of shape (n_clusters_, n_features)
-        ``mean_ + S_1 ... S_Q`` as a dense matrix, for convenience.
+        ``mean_ + S_1 ... S_Q`` as a dense matrix, for convenience; on wide
+        data (a chain too large to fold, see ``operator_``) folded on first
+        access: the fit itself never forms a dense ``K x D`` array there.
     labels_ : ndarray of shape (n_samples,)
     inertia_ : float
         Sum of squared distances of the samples to their closest (factored) centre.
@@ -357,7 +244,10 @@ default="k-means++"
         and "dense" otherwise; ``sweeps`` counts the least-squares sweeps run;
         the ``init`` record's ``start`` is "exact" when the seeds fit the last
         factor's budget (the chain starts as identities times the seeds, wide
-        sparse data) and "hierarchical" (palm4MSA) otherwise.
+        sparse data) and "hierarchical" (palm4MSA) otherwise; ``means`` is
+        "csr" when the cluster means were kept as CSR from the sparse rows
+        (sparse data, at least 2,048 columns, ``center=False``: no dense
+        ``K x D`` array in the fit) and "dense" otherwise.
     nnz_, flops_ : int
         Nonzeros of the factors and flops to assign a sample (``2 * nnz_``;
         the mean needs none for the labels).

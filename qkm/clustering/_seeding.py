@@ -105,7 +105,7 @@ class Seeding:
 class Seeds:
     """Initial centres of one run, their potential on the training data and the seeding time."""
 
-    centers: np.ndarray
+    centers: object          # ndarray of shape (n_clusters, n_features), or CSR (``sparse_centers``)
     cost: float
     seconds: float
     method: str
@@ -126,12 +126,15 @@ def potential(data, centers):
     return float(data.sq_distances(partial).sum())
 
 
-def run_seeding(seeding, data, n_clusters, rng):
+def run_seeding(seeding, data, n_clusters, rng, sparse_centers=False):
     """Seeds of one run (``seeding.init`` a string of :data:`SEEDINGS`).
 
     ``seconds`` times the seeding itself; seedings that do not know the
     potential of their result (random rows, k-means||, a sample) get it from
-    one extra assignment pass, outside that time.
+    one extra assignment pass, outside that time. With ``sparse_centers``
+    (sparse data) the centres are CSR; k-means++ then takes its rows from the
+    data without ever forming a dense ``K x D`` array (the other seedings, and
+    the extra pass, still form one for a while).
     """
     t0 = time.perf_counter()
     target = data
@@ -140,7 +143,10 @@ def run_seeding(seeding, data, n_clusters, rng):
         if rows.shape[0] < data.n_samples and len(distinct_row_indices(data.X[rows], stop_at=n_clusters)) == n_clusters:
             target = KMeansData(data.X[rows])
     cost = None
-    if seeding.init == "k-means++":
+    if seeding.init == "k-means++" and sparse_centers and target.sparse:
+        chosen, cost = kmeans_plusplus(target, n_clusters, rng, seeding.n_local_trials, rows_only=True)
+        centers = target.X[chosen]
+    elif seeding.init == "k-means++":
         centers, _, cost = kmeans_plusplus(target, n_clusters, rng, seeding.n_local_trials, return_potential=True)
     elif seeding.init == "d2-seeding":
         centers, cost = d2_seeding(target, n_clusters, rng, seeding.d2_samples, seeding.d2_groups)
@@ -151,7 +157,9 @@ def run_seeding(seeding, data, n_clusters, rng):
         centers = random_rows(target, n_clusters, rng)[0]
     seconds = time.perf_counter() - t0
     if cost is None or target is not data:
-        cost = potential(data, centers)
+        cost = potential(data, centers.toarray() if sp.issparse(centers) else centers)
+    if sparse_centers:
+        centers = sp.csr_matrix(centers, dtype=data.dtype)
     return Seeds(centers, float(cost), seconds, seeding.init, target.n_samples)
 
 

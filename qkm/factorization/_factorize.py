@@ -27,7 +27,8 @@ from ._lsq import factor_budgets, lsq_palm
 from ._lsq_sparse import sparse_lsq_palm
 from ._palm import chain_shapes
 
-__all__ = ["SPARSE_TARGET_MAX_DENSITY", "SPARSE_TARGET_MIN_COLUMNS", "exact_start", "factorize", "lsq_refit", "sparse_target"]
+__all__ = ["SPARSE_TARGET_MAX_DENSITY", "SPARSE_TARGET_MIN_COLUMNS", "exact_start", "factorize", "lsq_refit",
+           "sparse_target", "wide_target"]
 
 #: Sweeps of the hierarchical palm4MSA that gives the first supports (split, global, final).
 HIERARCHICAL_SWEEPS = (30, 30, 100)
@@ -42,12 +43,22 @@ def _nnz(M):
     return int(M.count_nonzero()) if sp.issparse(M) else int(np.count_nonzero(M))
 
 
+def wide_target(n_features, n_factors):
+    """Whether a target of ``n_features`` columns is wide enough for the sparse sweeps (density aside).
+
+    QK-means then keeps the cluster means of sparse data as CSR through the
+    whole Lloyd loop (:mod:`qkm.clustering._factored_lloyd`); :func:`sparse_target`
+    decides on the means themselves.
+    """
+    return n_factors >= 2 and n_features >= SPARSE_TARGET_MIN_COLUMNS
+
+
 def sparse_target(T, n_factors, mode="auto"):
     """Whether the sweeps keep ``T`` sparse: ``mode`` "sparse"/"dense" forces it; "auto" decides by width and density."""
     if n_factors < 2 or mode == "dense":
         return False
     K, D = T.shape
-    return mode == "sparse" or (D >= SPARSE_TARGET_MIN_COLUMNS and _nnz(T) <= SPARSE_TARGET_MAX_DENSITY * K * D)
+    return mode == "sparse" or (wide_target(D, n_factors) and _nnz(T) <= SPARSE_TARGET_MAX_DENSITY * K * D)
 
 
 def _take(cmap, M, sparse):

@@ -15,10 +15,12 @@ of tf-idf data) is sparse and ``D`` is large. Only the last factor ``S_Q``
   supports costs about ``nnz(WT) s`` plus ``D s^3``, not ``K A D``;
 * a support update of the last factor is a gradient step (hard thresholding
   pursuit: the ``s D`` largest ``|S_Q - grad / c|``): the correlations ``L^T
-  WT`` are formed from the sparse target (``nnz(WT) A`` flops) in one ``A x D``
-  buffer, then the values are solved on that support and kept if ``f`` went
-  down. The dense sweeps use greedy OLS there (better on dense means, measured
-  in :mod:`qkm.factorization._ols`); on news20 (K = 100) the gradient step
+  WT`` are formed from the sparse target (``nnz(WT) A`` flops) one column at a
+  time and only the running largest entries are kept (a pool of about
+  ``1.5 s D``, never an ``A x D`` buffer: :func:`gradient_step_support`), then
+  the values are solved on that support and kept if ``f`` went down. The
+  dense sweeps use greedy OLS there (better on dense means, measured in
+  :mod:`qkm.factorization._ols`); on news20 (K = 100) the gradient step
   ended within 0.02 % of OLS' objective at a fraction of its time and memory
   (its Gram-Schmidt pool alone is ``s D A`` values), see
   ``benchmarks/results/qkmeans_sparse.md``;
@@ -43,9 +45,9 @@ from ._kernels import _JIT
 from ._lsq import PROX_REL, LsqSweeper, _chol_solve, normalise_start, run_sweeps
 from ._palm import LIPSCHITZ_MARGIN, PalmState
 from ._palm_products import SweepMatrix
-from ._projections import _kth_smallest, project
+from ._projections import project
 
-__all__ = ["entries_above", "gradient_step_abs", "right_products", "solve_columns", "sparse_lsq_palm"]
+__all__ = ["gradient_step_support", "right_products", "solve_columns", "sparse_lsq_palm"]
 
 
 @njit(**_JIT)
@@ -143,48 +145,95 @@ def right_products(
 
 
 @njit(**_JIT)
-def gradient_step_abs(
-    Z,                              # IN  (D, A) (L^T WT)^T  -> OUT |X0 - grad / c|^T, grad = (L^T L) X0 - L^T WT
-    ptr, rows, vals,                # IN  CSR of X0^T (D x A)
-    G,                              # IN  (A, A) L^T L
-    inv_c,                          # IN  step 1 / c
-):
-    """The magnitudes of a gradient step on the last factor, in place (``nnz(X0) A`` for ``G X0``)."""
-    n, a = Z.shape
-    for j in range(n):
-        for i in range(a):
-            Z[j, i] *= inv_c
-        for p in range(ptr[j], ptr[j + 1]):
-            r = rows[p]
-            v = vals[p]
-            Z[j, r] += v
-            for i in range(a):
-                Z[j, i] -= inv_c * v * G[r, i]
-        for i in range(a):
-            Z[j, i] = abs(Z[j, i])
+def _keep_top(pv, pp, n, k):
+    """Keep the pool entries ``>=`` its ``k``-th largest value (order kept); returns ``(count, that value)``."""
+    thr = np.partition(pv[:n].copy(), n - k)[n - k]
+    m = 0
+    for u in range(n):
+        if pv[u] >= thr:
+            pv[m] = pv[u]
+            pp[m] = pp[u]
+            m += 1
+    return m, thr
 
 
 @njit(**_JIT)
-def entries_above(
-    Z,                              # IN  (D, A) magnitudes
-    thr,                            # IN  keep Z > thr ...
-    n_ties,                         # IN  ... and the first n_ties entries equal to thr
-    ptr,                            # OUT (D + 1,) support of row j: rows[ptr[j]:ptr[j + 1]]
-    rows,                           # OUT (>= kept,)
+def gradient_step_support(
+    tptr, tidx, tval,               # IN  CSR of WT^T (D x K)
+    L,                              # IN  (K, A) L = W S_1 .. S_{Q-1}
+    xptr, xrows, xvals,             # IN  CSR of X0^T (D x A)
+    G,                              # IN  (A, A) L^T L
+    inv_c,                          # IN  step 1 / c
+    k,                              # IN  budget (>= 1)
+    pool_cap,                       # IN  initial room of the candidate pool (>= A)
+    ptr,                            # OUT (D + 1,) support of row j of S_Q^T: rows[ptr[j]:ptr[j + 1]]
+    rows,                           # OUT (>= k,)
 ):
-    """The kept entries as row lists (a support of ``S_Q^T``); returns how many."""
-    n, a = Z.shape
-    m = 0
-    ptr[0] = 0
-    for j in range(n):
+    """The ``k`` largest ``|X0 - grad / c|``, ``grad = (L^T L) X0 - L^T WT``, as row lists; returns how many.
+
+    Column ``j`` (a row of ``S_Q^T``) at a time: ``(L^T WT)[:, j]`` from the
+    nonzeros of column ``j`` of the target, then the step; only the entries
+    at or above the running ``k``-th largest value are kept in a pool (about
+    ``1.5 k`` entries), never an ``A x D`` buffer. Ties at the threshold: the
+    first in row-major order of ``S_Q^T``; zeros are never kept.
+    """
+    n_cols = xptr.shape[0] - 1
+    a = L.shape[1]
+    z = np.empty(a)
+    pv = np.empty(pool_cap)
+    pp = np.empty(pool_cap, dtype=np.int64)
+    n = 0
+    floor = 0.0
+    for j in range(n_cols):
         for i in range(a):
-            z = Z[j, i]
-            if z > thr or (z == thr and n_ties > 0 and z > 0.0):
-                if z == thr:
-                    n_ties -= 1
-                rows[m] = i
-                m += 1
-        ptr[j + 1] = m
+            z[i] = 0.0
+        for t in range(tptr[j], tptr[j + 1]):
+            v = tval[t]
+            kk = tidx[t]
+            for i in range(a):
+                z[i] += v * L[kk, i]
+        for i in range(a):
+            z[i] *= inv_c
+        for p in range(xptr[j], xptr[j + 1]):
+            r = xrows[p]
+            v = xvals[p]
+            z[r] += v
+            for i in range(a):
+                z[i] -= inv_c * v * G[r, i]
+        if n + a > pv.shape[0]:
+            if n > k:
+                n, floor = _keep_top(pv, pp, n, k)
+            if n + a > pv.shape[0]:                  # many ties: more room
+                pv2 = np.empty(2 * pv.shape[0] + a)
+                pp2 = np.empty(2 * pv.shape[0] + a, dtype=np.int64)
+                pv2[:n] = pv[:n]
+                pp2[:n] = pp[:n]
+                pv, pp = pv2, pp2
+        for i in range(a):
+            zi = abs(z[i])
+            if zi > 0.0 and zi >= floor:
+                pv[n] = zi
+                pp[n] = j * a + i
+                n += 1
+    thr = 0.0
+    n_ties = 0
+    if n > k:
+        thr = np.partition(pv[:n].copy(), n - k)[n - k]
+        n_ties = k
+        for u in range(n):
+            if pv[u] > thr:
+                n_ties -= 1
+    m = 0
+    ptr[:] = 0
+    for u in range(n):
+        if pv[u] > thr or (pv[u] == thr and n_ties > 0):
+            if pv[u] == thr:
+                n_ties -= 1
+            rows[m] = pp[u] % a
+            ptr[pp[u] // a + 1] += 1
+            m += 1
+    for j in range(n_cols):
+        ptr[j + 1] += ptr[j]
     return m
 
 
@@ -245,20 +294,18 @@ class SparseLsqSweeper(LsqSweeper):
     def _candidate(self, G, L, budget, X0, q):
         """Support of a projected gradient step on the last factor (hard thresholding pursuit): ``(ptr, rows)``.
 
-        ``|S_Q - grad / c|`` is formed in one ``D x A`` buffer, ``c = 1.001 ||L^T L||_2``, and its
-        ``budget`` largest entries are kept (ties: the first in ``S_Q^T``'s row-major order).
+        The ``budget`` largest ``|S_Q - grad / c|``, ``c = 1.001 ||L^T L||_2`` (ties: the first in
+        ``S_Q^T``'s row-major order), streamed column by column (:func:`gradient_step_support`: no
+        ``A x D`` buffer; ``L^T WT`` from the nonzeros of the target, ``nnz(WT) A`` flops).
         """
-        Z = np.ascontiguousarray(self.WTt @ L)              # (L^T WT)^T: nnz(WT) A flops
         c = LIPSCHITZ_MARGIN * self._sigma_l(q)[0]
-        if c <= 0.0:
+        k = min(int(budget), X0.shape[0] * L.shape[1])
+        if c <= 0.0 or k <= 0:
             return None
-        gradient_step_abs(Z, X0.indptr, X0.indices, X0.data, G, 1.0 / c)
-        flat = Z.reshape(-1)
-        k = min(int(budget), flat.size)
-        thr = _kth_smallest(flat, flat.size - k) if k > 0 else np.inf
-        ptr = np.empty(Z.shape[0] + 1, dtype=np.int64)
+        ptr = np.empty(X0.shape[0] + 1, dtype=np.int64)
         rows = np.empty(k, dtype=np.int64)
-        n = entries_above(Z, thr, k - int(np.count_nonzero(flat > thr)), ptr, rows)
+        n = gradient_step_support(self.WTt.indptr, self.WTt.indices, self.WTt.data, L, X0.indptr, X0.indices,
+                                  X0.data, G, 1.0 / c, k, k + max(k // 2, 4 * L.shape[1]), ptr, rows)
         return ptr, rows[:n]
 
     def last_factor(self, q, lam, update_support):
