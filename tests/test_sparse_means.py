@@ -76,24 +76,39 @@ def test_streamed_gradient_support_equals_dense_threshold():
             assert n == ref_rows.size
 
 
+def _given(k, d, dtype, order):
+    """A user's init array: dense, mostly zeros (as tf-idf seeds are), of its own dtype and memory order."""
+    rng = np.random.default_rng(5)
+    C = np.zeros((k, d), dtype=dtype, order=order)
+    for j in range(k):
+        C[j, rng.choice(d, 150, replace=False)] = rng.random(150) + 0.2
+    return C
+
+
 _SEEDINGS = {"k-means++": {}, "d2-seeding": dict(init="d2-seeding", d2_samples=200), "k-means||": dict(init="k-means||"),
              "random": dict(init="random"), "init_sample": dict(init_sample=2.0)}
 
 
 @pytest.mark.parametrize("seeding", [pytest.param(s, marks=pytest.mark.slow) if s == "d2-seeding" else s
-                                     for s in _SEEDINGS])
+                                     for s in _SEEDINGS] + ["array float64", "array float32 (F order)"])
 def test_wide_csr_fit_holds_no_dense_k_by_d_buffer(monkeypatch, seeding):
     """The whole fit (validation, seeds, assignments, CSR means, sparse sweeps, guard, polish) below one K x D
-    float64 buffer, for every seeding; ``cluster_centers_`` is folded on first access only.
+    float64 buffer, for every seeding and for a given init array; ``cluster_centers_`` is folded on first
+    access only.
 
     The dense means (the code before) peaked at about 5 K x D here; the bound scales with nnz(X), s D, n A and
-    A^2, never with K D. The chain is never folded (FOLD_MAX_BYTES 0), as on real wide data.
+    A^2, never with K D. The chain is never folded (FOLD_MAX_BYTES 0), as on real wide data. A given array
+    (allocated before the trace: the user's own) is read into CSR without a dense copy, even when its dtype
+    or memory order is not the data's.
     """
     monkeypatch.setattr(_config, "FOLD_MAX_BYTES", 0)
     n, d, k = 300, 16384, 96
     X = _docs(n, d, 150, 8)                                 # every word used: the full-width sweeps run
     kw = dict(n_factors=3, sparsity_level=2, max_iter=3, tol=0.0, palm_max_iter=2, random_state=0)
-    kw.update(_SEEDINGS[seeding])
+    if seeding.startswith("array"):
+        kw["init"] = _given(k, d, *((np.float64, "C") if seeding == "array float64" else (np.float32, "F")))
+    else:
+        kw.update(_SEEDINGS[seeding])
     QKMeans(k, **kw).fit(X)                                 # compiled / cached kernels loaded outside the trace
     tracemalloc.start()
     try:
@@ -138,6 +153,21 @@ def test_csr_seeds_equal_dense_seeds(seeding):
     assert sp.isspmatrix_csr(a.centers) and a.centers.dtype == np.float32 and isinstance(b.centers, np.ndarray)
     np.testing.assert_array_equal(a.centers.toarray(), b.centers)
     assert a.cost == pytest.approx(b.cost, rel=1e-12)
+
+
+def test_given_init_as_csr_equals_dense_and_is_checked():
+    """A given array on wide CSR data: the fit equals the densified fit; a NaN in it is refused as before."""
+    X = _docs(120, 3000, 10, 4, seed=6)
+    init = _given(5, 3000, np.float32, "F")
+    kw = dict(n_clusters=5, n_factors=3, sparsity_level=2, max_iter=4, palm_max_iter=10, init=init)
+    a = QKMeans(**kw).fit(X)
+    b = QKMeans(**kw).fit(X.toarray())
+    np.testing.assert_array_equal(a.labels_, b.labels_)
+    np.testing.assert_allclose(a.objective_history_, b.objective_history_, rtol=1e-10)
+    assert a.history_[0]["seeding_cost"] == pytest.approx(b.history_[0]["seeding_cost"], rel=1e-12)
+    init[0, 0] = np.nan
+    with pytest.raises(ValueError, match="init contains 1 NaN"):
+        QKMeans(**kw).fit(X)
 
 
 @pytest.mark.needs_threads(2)
