@@ -17,6 +17,7 @@ counts: no extra pass). Labels, objective history and factors are those of
 import uuid
 
 import numpy as np
+import scipy.sparse as sp
 from sklearn.utils import check_random_state
 
 from ..clustering._base import seeding_of, warn_if_clusters_lost
@@ -24,7 +25,7 @@ from ..clustering._factored_lloyd import factored_lloyd
 from ..clustering._stopping import IterationLog
 from .._threads import effective_n_threads, numba_threads, single_threaded_blas
 from . import _shard_tasks as T
-from ._driver import update_means
+from ._driver import update_means, update_means_csr
 from ._fit import column_mean, resolve_n_clusters
 from ._seeding import initial_seeds
 
@@ -47,6 +48,7 @@ class ShardPass:
         self.round = -1             # assignments so far - 1: the shard state's iteration
         self.packs = (None, None)   # (previous, current) ChainPack: the previous one rebuilds a lost state
         self.part = None
+        self.sparse_rows = sd.sparse  # wide CSR shards: the means stay CSR on the driver (update_means_csr)
 
     def x_sq_total(self):
         return self.sd.retrying(lambda rebuild: self.sd.map_reduce(T.row_sq_total, None).wcss)
@@ -68,6 +70,8 @@ class ShardPass:
         def attempt(rebuild):
             if rebuild:  # a worker was lost since the assignment: its shards' labels are rebuilt first
                 self.part = self._run(True)
+            if sp.issparse(U):
+                return update_means_csr(self.sd, self.part, U, self.key, self.round, repair)
             return update_means(self.sd, self.part, U, self.key, self.round, False, np.empty_like(U), repair)
 
         up = self.sd.retrying(attempt)
