@@ -21,7 +21,7 @@ import scipy.sparse as sp
 from sklearn.utils import check_random_state
 
 from ..clustering._base import seeding_of, warn_if_clusters_lost
-from ..clustering._factored_lloyd import factored_lloyd
+from ..clustering._factored_lloyd import factored_lloyd, keeps_csr_means
 from ..clustering._stopping import IterationLog
 from .._threads import effective_n_threads, numba_threads, single_threaded_blas
 from . import _shard_tasks as T
@@ -99,8 +99,10 @@ def fit_factored(est, sd, callback=None):
         mean = column_mean(sd) if est.center else None
         for run_id in range(n_runs):
             key = (token, run_id)
-            seeds = initial_seeds(seeding, sd, n_clusters, rng, key)
             fitter = est._make_fitter(n_clusters, sd.n_features)
+            # wide CSR shards: seeds and means CSR on the driver, as in memory (no dense K x D there)
+            wide = keeps_csr_means(fitter, sd.sparse, mean, n_clusters, sd.n_features)
+            seeds = initial_seeds(seeding, sd, n_clusters, rng, key, sparse_centers=wide)
             log = IterationLog(est.verbose, prefix=f"run {run_id + 1}: " if est.verbose else "",
                                callback=callback, first=seeds.record)
             sd.reset_traffic()
