@@ -142,8 +142,9 @@ def factored_lloyd(data, centers_init, fitter, *, max_iter, tol, rng, polish_ite
     data : KMeansData or data pass
         IN  validated data (run through an :class:`InMemoryPass`), or a data
         pass (see the module docstring).
-    centers_init : ndarray of shape (n_clusters, n_features)
-        IN  initial centres (seeds), factorised by ``fitter.initial``.
+    centers_init : ndarray or CSR matrix of shape (n_clusters, n_features)
+        IN  initial centres (seeds), factorised by ``fitter.initial`` (CSR seeds
+        stay CSR on the CSR path, :func:`keeps_csr_means`).
     fitter : object
         The centroid structure (see the module docstring).
     max_iter : int

@@ -10,7 +10,9 @@ fixed tree order. The driver does the O(K x D) work: means from the sums,
 empty-cluster repair from the shards' farthest points (as
 :func:`qkm.distributed._driver.update_means` for k-means), the factor refit
 and its guard (the closed form, from ``sum ||x||^2``, the means and the
-counts: no extra pass). Labels, objective history and factors are those of
+counts: no extra pass). On wide CSR shards (``keeps_csr_means``) the seeds
+and means stay CSR on the driver (:func:`qkm.distributed._driver.update_means_csr`):
+no dense ``K x D`` there. Labels, objective history and factors are those of
 ``QKMeans.fit`` on the whole data in memory.
 """
 
