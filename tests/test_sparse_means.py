@@ -85,8 +85,8 @@ def _given(k, d, dtype, order):
     return C
 
 
-_SEEDINGS = {"k-means++": {}, "d2-seeding": dict(init="d2-seeding", d2_samples=200), "k-means||": dict(init="k-means||"),
-             "random": dict(init="random"), "init_sample": dict(init_sample=2.0)}
+_SEEDINGS = {"k-means++": {}, "d2-seeding": dict(init="d2-seeding", d2_samples=200),
+             "k-means||": dict(init="k-means||"), "random": dict(init="random"), "init_sample": dict(init_sample=2.0)}
 
 
 @pytest.mark.parametrize("seeding", [pytest.param(s, marks=pytest.mark.slow) if s == "d2-seeding" else s

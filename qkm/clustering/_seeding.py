@@ -119,11 +119,8 @@ class Seeds:
 
 
 def potential(data, centers):
-    """Sum over the rows of the squared distance to the nearest centre (one assignment pass).
-
-    CSR centres of CSR data are read as CSR (the k-means|| chunk kernel,
-    :func:`chunk_lower`): no dense ``K x D`` array.
-    """
+    """Sum over the rows of the squared distance to the nearest centre (one pass; CSR centres of CSR data
+    through :func:`chunk_lower`, never densified)."""
     if sp.issparse(centers):
         if data.sparse:
             return chunk_lower(KMParChunk(data), S_.CenterBlock(centers, 0))
@@ -140,11 +137,8 @@ def run_seeding(seeding, data, n_clusters, rng, sparse_centers=False):
     ``seconds`` times the seeding itself; seedings that do not know the
     potential of their result (random rows, k-means||, a sample) get it from
     one extra assignment pass, outside that time. With ``sparse_centers``
-    (sparse data) the centres are CSR and no seeding forms a dense ``K x D``
-    array: k-means++, random rows and k-means|| take CSR rows of the data (or
-    of the CSR candidates), D^2-seeding stores each new centre as a CSR row,
-    and the extra pass reads CSR centres (:func:`potential`). The centres are
-    the same values as without ``sparse_centers``.
+    (sparse data) the centres are CSR rows (the same values), and no seeding
+    nor the extra pass forms a dense ``K x D`` array.
     """
     t0 = time.perf_counter()
     target = data
@@ -226,7 +220,7 @@ def d2_seeding(data, n_clusters, rng, n_samples=None, groups="auto", sparse_cent
         none. "k": the supplement read literally, K groups that every sample
         point joins.
     sparse_centers : bool, default=False
-        CSR data: the centres as CSR rows (one dense row at a time, never a ``K x D`` array).
+        CSR data: the centres as CSR rows (never a ``K x D`` array).
 
     Returns
     -------
@@ -272,9 +266,7 @@ def d2_seeding(data, n_clusters, rng, n_samples=None, groups="auto", sparse_cent
             centers.append(sp.csr_matrix(center[None, :]))
         else:
             centers[step] = center
-    if sparse_centers:
-        centers = sp.vstack(centers, format="csr", dtype=data.dtype)
-    return centers, float(closest.sum())
+    return (sp.vstack(centers, format="csr", dtype=data.dtype) if sparse_centers else centers), float(closest.sum())
 
 
 def _flat_is_affordable(data, n_clusters, n_samples):
@@ -436,8 +428,7 @@ def _stack(blocks):
 
 def kmeans_parallel(chunks, n_clusters, rng, oversampling_factor=2.0, n_rounds=5, n_local_trials=None,
                     map_chunks=_in_process_map, sparse_centers=False):
-    """k-means|| over a list of chunks (see "k-means|| in chunks"); returns dense centres of the data dtype
-    (CSR ones of CSR chunks with ``sparse_centers``: see :func:`recluster`).
+    """k-means|| over chunks (see "k-means|| in chunks"): centres of the data dtype, dense or CSR (:func:`recluster`).
 
     ``map_chunks(fn, chunks, *args)`` runs a per-chunk function on every
     chunk and returns the results in chunk order (in-process by default); it
