@@ -56,6 +56,20 @@ class StorageChooser:
             self.seconds_per_unit[storage] = seconds / work
 
 
+
+def csr_means(sums, counts, C_prev, dtype):
+    """Cluster means from CSR cluster sums, each rounded to ``dtype`` (kept float64), as :meth:`KMeansData.update`
+    stores them; an empty cluster keeps its row of ``C_prev`` (CSR). ``sums`` is not modified.
+
+    One function for the in-memory CSR update and the driver of a fit over
+    shards (whose sums are combined in the same fixed order): the same bits.
+    """
+    sums = sp.csr_matrix(sums)
+    inv = 1.0 / np.maximum(counts, 1)
+    data = (sums.data * np.repeat(inv, np.diff(sums.indptr))).astype(dtype).astype(np.float64)
+    means = sp.csr_matrix((data, sums.indices, sums.indptr), shape=sums.shape)
+    return replace_rows(means, {int(j): C_prev[j] for j in np.flatnonzero(counts == 0)})
+
 class KMeansData:
     """Validated data plus the per-row quantities every iteration needs.
 
@@ -287,14 +301,10 @@ class KMeansData:
         C_new : scipy.sparse.csr_matrix of shape (n_clusters, n_features), float64, sorted indices
         n_relocated : int
         """
-        k = C.shape[0]
-        counts_, sums = self.cluster_sums(labels, k)
-        inv = 1.0 / np.maximum(counts_, 1)
-        sums.data = (sums.data * np.repeat(inv, np.diff(sums.indptr))).astype(self.dtype).astype(np.float64)
-        empty = np.flatnonzero(counts_ == 0)
-        C_new = replace_rows(sums, {int(j): C[j] for j in empty})
+        counts_, sums = self.cluster_sums(labels, C.shape[0])
+        C_new = csr_means(sums, counts_, C, self.dtype)
         relocated = 0
-        if empty.size and repair:
+        if (counts_ == 0).any() and repair:
             C_new, relocated = relocate_empty_clusters_csr(self, labels, own_sq_distances(), counts_, C_new)
         if counts is not None:
             counts[:] = counts_

@@ -227,10 +227,19 @@ def check_fitted_data(estimator, X, attribute, dtype=None):
     return X
 
 
-def check_init_array(init, n_clusters, n_features, dtype):
-    """A user-given initial centre array must be finite and of shape (n_clusters, n_features)."""
+def check_init_array(init, n_clusters, n_features, dtype, sparse=False):
+    """A user-given initial centre array must be finite and of shape (n_clusters, n_features).
+
+    Returned dense, or CSR with ``sparse`` (wide sparse data): a dense array
+    is then read once into CSR before any conversion of its dtype, so no dense
+    copy of it is made.
+    """
+    if sparse and not sp.issparse(init):
+        arr = np.asarray(init)
+        if arr.ndim == 2 and arr.dtype.kind in "fiub":
+            init = sp.csr_matrix(arr)
     init = check_data(init, dtype=dtype, what="init")
-    if sp.issparse(init):
+    if sp.issparse(init) and not sparse:
         init = np.ascontiguousarray(init.toarray())
     if init.shape != (n_clusters, n_features):
         raise ValueError(

@@ -327,6 +327,45 @@ def test_qkmeans_empty_cluster_and_lowrank_on_the_shards(inproc_client, tmp_path
     assert_same_factored_fit(qkm.LowRankKMeans(**kw).fit(sd), qkm.LowRankKMeans(**kw).fit(X), inproc_client)
 
 
+@pytest.fixture(scope="module")
+def wide():
+    """N documents of 12 words over 3,000 (wide: the fit keeps its means as CSR), 5 topics."""
+    rng = np.random.default_rng(4)
+    rows = np.repeat(np.arange(N), 12)
+    cols = rng.integers(0, 600, size=N * 12) + (rows % 5) * 600
+    X = sp.csr_matrix((rng.random(N * 12) + 0.2, (rows, cols)), shape=(N, 3000))
+    X.sum_duplicates()
+    return X
+
+
+@pytest.mark.parametrize("layout, seeds", [(layout, "k-means++") for layout in LAYOUTS] + [
+    ("3 shards + empty", s) for s in ("array with an empty cluster", "random", "k-means||", "d2-seeding")])
+def test_qkmeans_csr_means_on_wide_shards(inproc_client, tmp_path_factory, wide, layout, seeds, monkeypatch):
+    """Wide CSR shards: the driver seeds as CSR, combines the shards' CSR sums into CSR means (no dense K x D)
+    and repairs an empty cluster from the shards' candidates as in memory; the fit is the in-memory one."""
+    from qkm.distributed import _factored
+
+    given = []
+    real = _factored.factored_lloyd
+    monkeypatch.setattr(_factored, "factored_lloyd", lambda data, seeds, *a, **kw: given.append(seeds) or real(
+        data, seeds, *a, **kw))
+    sd = ShardedData(shards(tmp_path_factory, wide, LAYOUTS[layout]), inproc_client)
+    kw = dict(n_clusters=K, n_factors=3, sparsity_level=2, max_iter=5, palm_max_iter=4, random_state=2)
+    if seeds == "array with an empty cluster":  # nothing is near the last centre
+        kw["init"] = np.vstack([wide[:K - 1].toarray(), np.full((1, wide.shape[1]), 5.0)])
+    elif seeds != "k-means++":
+        kw["init"] = seeds
+    got, ref = qkm.QKMeans(**kw).fit(sd), qkm.QKMeans(**kw).fit(wide)
+    assert len(given) == 1 and sp.isspmatrix_csr(given[0]) and given[0].dtype == np.float64
+    assert got.history_[0]["seeding_cost"] == pytest.approx(ref.history_[0]["seeding_cost"], rel=1e-12)
+    for est in (got, ref):
+        assert {r["means"] for r in est.history_ if "means" in r} == {"csr"}
+    assert [r.get("relocated") for r in got.history_] == [r.get("relocated") for r in ref.history_]
+    if seeds == "array with an empty cluster":
+        assert any(r.get("relocated") for r in ref.history_)
+    assert_same_factored_fit(got, ref, inproc_client)
+
+
 @pytest.mark.slow
 def test_qkmeans_worker_killed_mid_fit(process_client, tmp_path_factory, data):
     """SIGKILL a worker process after the first iteration of a QK-means fit: labels rebuilt, the same result."""

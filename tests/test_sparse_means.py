@@ -76,17 +76,39 @@ def test_streamed_gradient_support_equals_dense_threshold():
             assert n == ref_rows.size
 
 
-def test_wide_csr_fit_holds_no_dense_k_by_d_buffer(monkeypatch):
-    """The whole fit (validation, k-means++ seeds, assignments, CSR means, sparse sweeps, guard, polish) below
-    one K x D float64 buffer; ``cluster_centers_`` is folded on first access only.
+def _given(k, d, dtype, order):
+    """A user's init array: dense, mostly zeros (as tf-idf seeds are), of its own dtype and memory order."""
+    rng = np.random.default_rng(5)
+    C = np.zeros((k, d), dtype=dtype, order=order)
+    for j in range(k):
+        C[j, rng.choice(d, 150, replace=False)] = rng.random(150) + 0.2
+    return C
+
+
+_SEEDINGS = {"k-means++": {}, "d2-seeding": dict(init="d2-seeding", d2_samples=200),
+             "k-means||": dict(init="k-means||"), "random": dict(init="random"), "init_sample": dict(init_sample=2.0)}
+
+
+@pytest.mark.parametrize("seeding", [pytest.param(s, marks=pytest.mark.slow) if s == "d2-seeding" else s
+                                     for s in _SEEDINGS] + ["array float64", "array float32 (F order)"])
+def test_wide_csr_fit_holds_no_dense_k_by_d_buffer(monkeypatch, seeding):
+    """The whole fit (validation, seeds, assignments, CSR means, sparse sweeps, guard, polish) below one K x D
+    float64 buffer, for every seeding and for a given init array; ``cluster_centers_`` is folded on first
+    access only.
 
     The dense means (the code before) peaked at about 5 K x D here; the bound scales with nnz(X), s D, n A and
-    A^2, never with K D. The chain is never folded (FOLD_MAX_BYTES 0), as on real wide data.
+    A^2, never with K D. The chain is never folded (FOLD_MAX_BYTES 0), as on real wide data. A given array
+    (allocated before the trace: the user's own) is read into CSR without a dense copy, even when its dtype
+    or memory order is not the data's.
     """
     monkeypatch.setattr(_config, "FOLD_MAX_BYTES", 0)
     n, d, k = 300, 16384, 96
     X = _docs(n, d, 150, 8)                                 # every word used: the full-width sweeps run
     kw = dict(n_factors=3, sparsity_level=2, max_iter=3, tol=0.0, palm_max_iter=2, random_state=0)
+    if seeding.startswith("array"):
+        kw["init"] = _given(k, d, *((np.float64, "C") if seeding == "array float64" else (np.float32, "F")))
+    else:
+        kw.update(_SEEDINGS[seeding])
     QKMeans(k, **kw).fit(X)                                 # compiled / cached kernels loaded outside the trace
     tracemalloc.start()
     try:
@@ -96,7 +118,7 @@ def test_wide_csr_fit_holds_no_dense_k_by_d_buffer(monkeypatch):
         tracemalloc.stop()
     ran = [r for r in est.history_ if r["step"] in ("refit", "polish")]
     assert ran and all((r["means"], r["target"], r["columns"]) == ("csr", "sparse", "dense") for r in ran)
-    assert any(r["kept"] for r in ran) and est.n_iter_ == 3
+    assert any(r["kept"] for r in ran) and est.n_iter_ == (3 if seeding == "k-means++" else est.n_iter_) >= 2
     assert peak < k * d * 8, f"the fit allocated {peak / 1e6:.1f} MB, a K x D buffer is {k * d * 8 / 1e6:.1f} MB"
     centers = est.cluster_centers_                          # folded now, and the same as the chain's product
     np.testing.assert_allclose(centers, naive.chain_product([f.toarray() for f in est.factors_]), rtol=1e-12,
@@ -117,3 +139,44 @@ def test_csr_fit_with_an_empty_cluster_equals_dense_fit():
     np.testing.assert_array_equal(a.labels_, b.labels_)
     assert a.inertia_ == pytest.approx(b.inertia_, rel=1e-10)
     np.testing.assert_allclose(a.objective_history_, b.objective_history_, rtol=1e-10)
+
+
+@pytest.mark.parametrize("seeding", list(_SEEDINGS))
+def test_csr_seeds_equal_dense_seeds(seeding):
+    """Every seeding gives CSR centres of the same values (and cost to 1e-12) as its dense centres."""
+    from qkm.clustering._seeding import Seeding, run_seeding
+
+    data = KMeansData(_docs(200, 4000, 20, 5, seed=2, dtype=np.float32))
+    request = Seeding(**_SEEDINGS[seeding])
+    a = run_seeding(request, data, 9, np.random.RandomState(4), sparse_centers=True)
+    b = run_seeding(request, data, 9, np.random.RandomState(4))
+    assert sp.isspmatrix_csr(a.centers) and a.centers.dtype == np.float32 and isinstance(b.centers, np.ndarray)
+    np.testing.assert_array_equal(a.centers.toarray(), b.centers)
+    assert a.cost == pytest.approx(b.cost, rel=1e-12)
+
+
+def test_given_init_as_csr_equals_dense_and_is_checked():
+    """A given array on wide CSR data: the fit equals the densified fit; a NaN in it is refused as before."""
+    X = _docs(120, 3000, 10, 4, seed=6)
+    init = _given(5, 3000, np.float32, "F")
+    kw = dict(n_clusters=5, n_factors=3, sparsity_level=2, max_iter=4, palm_max_iter=10, init=init)
+    a = QKMeans(**kw).fit(X)
+    b = QKMeans(**kw).fit(X.toarray())
+    np.testing.assert_array_equal(a.labels_, b.labels_)
+    np.testing.assert_allclose(a.objective_history_, b.objective_history_, rtol=1e-10)
+    assert a.history_[0]["seeding_cost"] == pytest.approx(b.history_[0]["seeding_cost"], rel=1e-12)
+    init[0, 0] = np.nan
+    with pytest.raises(ValueError, match="init contains 1 NaN"):
+        QKMeans(**kw).fit(X)
+
+
+@pytest.mark.needs_threads(2)
+@pytest.mark.parametrize("seeding", ["d2-seeding", "k-means||", "random"])
+def test_wide_csr_fit_same_for_1_and_2_threads(seeding):
+    X = _docs(150, 3000, 12, 5, seed=7)
+    kw = dict(n_factors=3, sparsity_level=2, max_iter=4, palm_max_iter=5, random_state=2, **_SEEDINGS[seeding])
+    a, b = (QKMeans(6, n_jobs=t, **kw).fit(X) for t in (1, 2))
+    assert {r["means"] for r in a.history_ if "means" in r} == {"csr"}
+    np.testing.assert_array_equal(a.labels_, b.labels_)
+    np.testing.assert_array_equal(a.objective_history_, b.objective_history_)
+    assert a.history_[0]["seeding_cost"] == b.history_[0]["seeding_cost"]

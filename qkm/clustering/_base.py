@@ -9,7 +9,6 @@ import numbers
 import warnings
 
 import numpy as np
-import scipy.sparse as sp
 from sklearn.base import BaseEstimator, ClassNamePrefixFeaturesOutMixin, ClusterMixin, TransformerMixin
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.utils.validation import check_is_fitted
@@ -113,9 +112,10 @@ def initial_centers(est, data, n_clusters, rng, sparse_centers=False):
     seeding = est if isinstance(est, Seeding) else seeding_of(est)
     if isinstance(seeding.init, str):
         return run_seeding(seeding, data, n_clusters, rng, sparse_centers)
-    centers = check_init_array(seeding.init, n_clusters, data.n_features, data.dtype)
-    cost = potential(data, centers)
-    return Seeds(sp.csr_matrix(centers) if sparse_centers else centers, cost, 0.0, "array", data.n_samples)
+    # CSR centres: the given array read once into CSR, no dense copy of it (check_init_array)
+    centers = check_init_array(seeding.init, n_clusters, data.n_features, data.dtype,
+                               sparse=sparse_centers and data.sparse)
+    return Seeds(centers, potential(data, centers), 0.0, "array", data.n_samples)
 
 
 def run_random_states(rng, n_runs):

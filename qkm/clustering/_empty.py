@@ -11,7 +11,7 @@ import scipy.sparse as sp
 from ..factorization._kernels import centroid_sq_norms
 
 __all__ = ["relocate_empty_clusters", "relocate_empty_clusters_csr", "plan_relocations", "apply_relocations",
-           "replace_rows"]
+           "apply_relocations_csr", "replace_rows"]
 
 
 def relocate_empty_clusters(data, labels, sq_dist, counts, C_new, shift_sq, c_sq, C_old):
@@ -61,15 +61,26 @@ def relocate_empty_clusters_csr(data, labels, sq_dist, counts, C_new):
         return C_new, 0
     far_first = np.argsort(-sq_dist, kind="stable")
     moves = plan_relocations(counts, labels[far_first], sq_dist[far_first])
-    rows = {}
-    for j, pos, l, n_l in moves:
-        x = sp.csr_matrix(data.X[far_first[pos]], dtype=np.float64)
-        donor = rows[l] if l in rows else C_new[l]
+    return apply_relocations_csr(moves, [data.X[far_first[pos]] for _, pos, _, _ in moves], C_new, data.dtype), \
+        len(moves)
+
+
+def apply_relocations_csr(moves, rows, C_new, dtype):
+    """:func:`apply_relocations` on CSR means: returns the repaired CSR (``C_new`` is not modified).
+
+    ``rows``: the chosen points, each a CSR row or a dense float64 row (a
+    distributed fit fetches them from the shards); the values are the same
+    either way (zeros dropped), rounded to ``dtype`` as the dense repair stores them.
+    """
+    out = {}
+    for (j, _, l, n_l), row in zip(moves, rows):
+        x = sp.csr_matrix(row, dtype=np.float64)
+        donor = out[l] if l in out else C_new[l]
         rest = sp.csr_matrix(donor * n_l - x)
         rest.data /= n_l - 1                    # a true division, as the dense repair (scipy's "/" multiplies)
-        rows[l] = _rounded(rest, data.dtype)
-        rows[j] = _rounded(x, data.dtype)
-    return replace_rows(C_new, rows), len(moves)
+        out[l] = _rounded(rest, dtype)
+        out[j] = _rounded(x, dtype)
+    return replace_rows(C_new, out)
 
 
 def _rounded(row, dtype):

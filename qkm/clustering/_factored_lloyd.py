@@ -66,7 +66,14 @@ import scipy.sparse as sp
 
 from ._stopping import IterationLog
 
-__all__ = ["factored_lloyd", "InMemoryPass"]
+__all__ = ["factored_lloyd", "InMemoryPass", "keeps_csr_means"]
+
+
+def keeps_csr_means(fitter, sparse_rows, mean, n_clusters, n_features):
+    """Whether the loop keeps the seeds and means as CSR: sparse rows, no mean kept beside the structure, and a
+    fitter that keeps them sparse (``keeps_sparse``: wide data). Then no dense ``K x D`` array is ever formed."""
+    return mean is None and bool(sparse_rows) and getattr(fitter, "keeps_sparse", lambda k, d: False)(
+        n_clusters, n_features)
 
 
 class InMemoryPass:
@@ -135,8 +142,9 @@ def factored_lloyd(data, centers_init, fitter, *, max_iter, tol, rng, polish_ite
     data : KMeansData or data pass
         IN  validated data (run through an :class:`InMemoryPass`), or a data
         pass (see the module docstring).
-    centers_init : ndarray of shape (n_clusters, n_features)
-        IN  initial centres (seeds), factorised by ``fitter.initial``.
+    centers_init : ndarray or CSR matrix of shape (n_clusters, n_features)
+        IN  initial centres (seeds), factorised by ``fitter.initial`` (CSR seeds
+        stay CSR on the CSR path, :func:`keeps_csr_means`).
     fitter : object
         The centroid structure (see the module docstring).
     max_iter : int
@@ -170,8 +178,7 @@ def factored_lloyd(data, centers_init, fitter, *, max_iter, tol, rng, polish_ite
         return U64 if mean is None else U64 - mean
 
     # wide sparse data: the means (and the seeds) stay CSR from the sparse rows to the refit (no K x D buffer)
-    csr = mean is None and getattr(passes, "sparse_rows", False) and \
-        getattr(fitter, "keeps_sparse", lambda k, d: False)(k, passes.n_features)
+    csr = keeps_csr_means(fitter, getattr(passes, "sparse_rows", False), mean, k, passes.n_features)
     t0 = time.perf_counter()
     seeds = sp.csr_matrix(centers_init, dtype=np.float64) if csr else np.asarray(centers_init, dtype=np.float64)
     state = fitter.initial(centred(seeds), rng)

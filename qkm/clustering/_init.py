@@ -114,18 +114,22 @@ def kmeans_plusplus(data, n_clusters, random_state, n_local_trials=None, sample_
     return _rows(X, indices), indices
 
 
-def random_rows(data, n_clusters, random_state):
-    """``n_clusters`` rows with distinct values, drawn uniformly without replacement."""
+def random_rows(data, n_clusters, random_state, sparse=False):
+    """``n_clusters`` rows with distinct values, drawn uniformly without replacement (CSR rows of CSR data
+    with ``sparse``)."""
     indices = random_state.choice(data.n_samples, size=n_clusters, replace=False)
     if len(distinct_row_indices(data.X[indices])) < n_clusters:
         pool = distinct_row_indices(data.X)
         indices = pool[random_state.choice(pool.shape[0], size=n_clusters, replace=False)]
-    return _rows(data.X, indices), indices
+    return _rows(data.X, indices, sparse), indices
 
 
-def _rows(X, indices):
+def _rows(X, indices, sparse=False):
+    """Rows ``indices`` of ``X`` in its dtype: dense, or CSR when ``X`` is CSR and ``sparse``."""
     rows = X[indices]
     if sp.issparse(rows):
+        if sparse:
+            return sp.csr_matrix(rows, dtype=X.dtype)
         rows = rows.toarray()
     return np.ascontiguousarray(rows, dtype=X.dtype)
 

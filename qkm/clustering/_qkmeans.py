@@ -16,7 +16,7 @@ from sklearn.utils.validation import check_is_fitted
 from ._base import (OperatorClusterMixin, check_nonnegative_float, check_seeding, check_verbose, initial_centers,
                     is_int, resolve_n_clusters, warn_if_clusters_lost)
 from .._data import KMeansData
-from ._factored_lloyd import factored_lloyd
+from ._factored_lloyd import factored_lloyd, keeps_csr_means
 from ._stopping import IterationLog
 from .._threads import effective_n_threads, numba_threads, single_threaded_blas
 from .._validation import check_choice, check_data
@@ -86,8 +86,7 @@ class _FactoredKMeans(OperatorClusterMixin):
             for run_id in range(n_runs):
                 fitter = self._make_fitter(n_clusters, X.shape[1])
                 # wide sparse data: seeds, means and refits in CSR, never a dense K x D buffer (_factored_lloyd)
-                wide = data.sparse and mean is None and getattr(fitter, "keeps_sparse", lambda k, d: False)(
-                    n_clusters, X.shape[1])
+                wide = keeps_csr_means(fitter, data.sparse, mean, n_clusters, X.shape[1])
                 seeds = initial_centers(self, data, n_clusters, rng, sparse_centers=wide)
                 prefix = f"run {run_id + 1}: " if self.verbose else ""
                 log = IterationLog(self.verbose, prefix=prefix, callback=callback, first=seeds.record)

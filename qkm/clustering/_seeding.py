@@ -119,7 +119,12 @@ class Seeds:
 
 
 def potential(data, centers):
-    """Sum over the rows of the squared distance to the nearest centre (one assignment pass)."""
+    """Sum over the rows of the squared distance to the nearest centre (one pass; CSR centres of CSR data
+    through :func:`chunk_lower`, never densified)."""
+    if sp.issparse(centers):
+        if data.sparse:
+            return chunk_lower(KMParChunk(data), S_.CenterBlock(centers, 0))
+        centers = centers.toarray()
     labels = np.empty(data.n_samples, dtype=np.int32)
     partial = np.empty(data.n_samples, dtype=np.float64)
     data.assign(DenseOperator(np.ascontiguousarray(centers, dtype=data.dtype)), labels, partial)
@@ -132,9 +137,8 @@ def run_seeding(seeding, data, n_clusters, rng, sparse_centers=False):
     ``seconds`` times the seeding itself; seedings that do not know the
     potential of their result (random rows, k-means||, a sample) get it from
     one extra assignment pass, outside that time. With ``sparse_centers``
-    (sparse data) the centres are CSR; k-means++ then takes its rows from the
-    data without ever forming a dense ``K x D`` array (the other seedings, and
-    the extra pass, still form one for a while).
+    (sparse data) the centres are CSR rows (the same values), and no seeding
+    nor the extra pass forms a dense ``K x D`` array.
     """
     t0 = time.perf_counter()
     target = data
@@ -143,23 +147,25 @@ def run_seeding(seeding, data, n_clusters, rng, sparse_centers=False):
         if rows.shape[0] < data.n_samples and len(distinct_row_indices(data.X[rows], stop_at=n_clusters)) == n_clusters:
             target = KMeansData(data.X[rows])
     cost = None
-    if seeding.init == "k-means++" and sparse_centers and target.sparse:
+    sparse_centers = sparse_centers and data.sparse
+    if seeding.init == "k-means++" and sparse_centers:
         chosen, cost = kmeans_plusplus(target, n_clusters, rng, seeding.n_local_trials, rows_only=True)
         centers = target.X[chosen]
     elif seeding.init == "k-means++":
         centers, _, cost = kmeans_plusplus(target, n_clusters, rng, seeding.n_local_trials, return_potential=True)
     elif seeding.init == "d2-seeding":
-        centers, cost = d2_seeding(target, n_clusters, rng, seeding.d2_samples, seeding.d2_groups)
+        centers, cost = d2_seeding(target, n_clusters, rng, seeding.d2_samples, seeding.d2_groups, sparse_centers)
     elif seeding.init == "k-means||":
         centers = kmeans_parallel([KMParChunk(target)], n_clusters, rng, seeding.oversampling_factor,
-                                  seeding.init_rounds, n_local_trials=seeding.n_local_trials)
+                                  seeding.init_rounds, n_local_trials=seeding.n_local_trials,
+                                  sparse_centers=sparse_centers)
     else:
-        centers = random_rows(target, n_clusters, rng)[0]
+        centers = random_rows(target, n_clusters, rng, sparse_centers)[0]
     seconds = time.perf_counter() - t0
     if cost is None or target is not data:
-        cost = potential(data, centers.toarray() if sp.issparse(centers) else centers)
+        cost = potential(data, centers)
     if sparse_centers:
-        centers = sp.csr_matrix(centers, dtype=data.dtype)
+        centers = sp.csr_matrix(centers, dtype=data.dtype)  # CSR already: the dtype only
     return Seeds(centers, float(cost), seconds, seeding.init, target.n_samples)
 
 
@@ -195,7 +201,7 @@ def geometric_sample(n, size, rng):
 # --------------------------------------------------------------------------- #
 # D^2-seeding
 # --------------------------------------------------------------------------- #
-def d2_seeding(data, n_clusters, rng, n_samples=None, groups="auto"):
+def d2_seeding(data, n_clusters, rng, n_samples=None, groups="auto", sparse_centers=False):
     """D^2-seeding (see the module docstring).
 
     Parameters
@@ -213,17 +219,20 @@ def d2_seeding(data, n_clusters, rng, n_samples=None, groups="auto"):
         sample point nearer to an existing centre than to every group joins
         none. "k": the supplement read literally, K groups that every sample
         point joins.
+    sparse_centers : bool, default=False
+        CSR data: the centres as CSR rows (never a ``K x D`` array).
 
     Returns
     -------
-    centers : ndarray of shape (n_clusters, n_features), data dtype
+    centers : ndarray of shape (n_clusters, n_features), data dtype (CSR with ``sparse_centers``)
     potential : float
     """
     n = data.n_samples
     N = 10 * n_clusters if n_samples is None else int(n_samples)
     if groups == "auto":
         groups = "flat" if _flat_is_affordable(data, n_clusters, N) else "few"
-    centers = np.empty((n_clusters, data.n_features), dtype=data.dtype)
+    sparse_centers = sparse_centers and data.sparse
+    centers = [] if sparse_centers else np.empty((n_clusters, data.n_features), dtype=data.dtype)
     closest = np.full(n, np.inf)
     nearest = np.zeros(n, dtype=np.int64)
     m = n_local_trials_for(n_clusters)
@@ -253,8 +262,11 @@ def d2_seeding(data, n_clusters, rng, n_samples=None, groups="auto"):
             # the mean helps no point (it sits on an existing centre): take the group's seed row
             center = _rows(data.X, np.array([rows[best[2]]]))[0]
             _lower_to_center(data, center, step, closest, nearest)
-        centers[step] = center
-    return centers, float(closest.sum())
+        if sparse_centers:
+            centers.append(sp.csr_matrix(center[None, :]))
+        else:
+            centers[step] = center
+    return (sp.vstack(centers, format="csr", dtype=data.dtype) if sparse_centers else centers), float(closest.sum())
 
 
 def _flat_is_affordable(data, n_clusters, n_samples):
@@ -415,8 +427,8 @@ def _stack(blocks):
 
 
 def kmeans_parallel(chunks, n_clusters, rng, oversampling_factor=2.0, n_rounds=5, n_local_trials=None,
-                    map_chunks=_in_process_map):
-    """k-means|| over a list of chunks (see "k-means|| in chunks"); returns dense centres of the data dtype.
+                    map_chunks=_in_process_map, sparse_centers=False):
+    """k-means|| over chunks (see "k-means|| in chunks"): centres of the data dtype, dense or CSR (:func:`recluster`).
 
     ``map_chunks(fn, chunks, *args)`` runs a per-chunk function on every
     chunk and returns the results in chunk order (in-process by default); it
@@ -444,7 +456,7 @@ def kmeans_parallel(chunks, n_clusters, rng, oversampling_factor=2.0, n_rounds=5
         candidates.append(new)
         n_cand += new.shape[0]
     weights = np.sum(map_chunks(chunk_counts, chunks, n_cand), axis=0)
-    return recluster(_stack(candidates), weights, n_clusters, rng, n_local_trials)
+    return recluster(_stack(candidates), weights, n_clusters, rng, n_local_trials, sparse_centers=sparse_centers)
 
 
 def _weighted_sums(X, weights, labels, n_groups):
@@ -453,8 +465,10 @@ def _weighted_sums(X, weights, labels, n_groups):
     return M @ X, np.bincount(labels, weights=weights, minlength=n_groups)
 
 
-def recluster(candidates, weights, n_clusters, rng, n_local_trials=None, lloyd_iter=KMPAR_LLOYD_ITER):
-    """Greedy weighted k-means++ then weighted Lloyd on the candidates; dense (n_clusters, D) centres.
+def recluster(candidates, weights, n_clusters, rng, n_local_trials=None, lloyd_iter=KMPAR_LLOYD_ITER,
+              sparse_centers=False):
+    """Greedy weighted k-means++ then weighted Lloyd on the candidates; dense (n_clusters, D) centres, or CSR
+    ones (the same values) for CSR candidates with ``sparse_centers``.
 
     Candidates of zero weight are never drawn. If fewer than ``n_clusters``
     candidates carry weight (only when the rounds ran out), the missing
@@ -483,4 +497,4 @@ def recluster(candidates, weights, n_clusters, rng, n_local_trials=None, lloyd_i
             C = np.ascontiguousarray(sums * inv[:, None] + C * empty[:, None], dtype=dtype)
     if len(distinct_row_indices(C)) < n_clusters:
         C = candidates[idx]  # Lloyd merged two centres: keep the distinct seeds
-    return _rows(C, np.arange(n_clusters))
+    return _rows(C, np.arange(n_clusters), sparse_centers)

@@ -27,6 +27,7 @@ import itertools
 import uuid
 
 import numpy as np
+import scipy.sparse as sp
 
 from .. import _config
 from .._shards import check_layout, read_manifest
@@ -205,20 +206,31 @@ class ShardedData:
         self._received += sum(T._nbytes(a) for r in out for a in (r if isinstance(r, tuple) else (r,)))
         return out
 
-    def fetch_rows(self, global_rows):
-        """Dense float64 rows by global index, in the given order."""
+    def fetch_rows(self, global_rows, sparse=False):
+        """Dense float64 rows by global index, in the given order (CSR rows of the data's dtype with ``sparse``
+        on CSR shards)."""
         global_rows = np.asarray(global_rows, dtype=np.int64)
         where = np.searchsorted(self.starts, global_rows, side="right") - 1
         futures = self.load()
-        out = np.empty((len(global_rows), self.n_features))
+        sparse = sparse and self.sparse
+        out = None if sparse else np.empty((len(global_rows), self.n_features))
+        picks, parts = [], []
         for s in np.unique(where):
             pick = np.flatnonzero(where == s)
             local = global_rows[pick] - self.starts[s]
-            fut = self.client.submit(T.rows, futures[s], local, workers=[self.owners[s]],
+            fut = self.client.submit(T.rows, futures[s], local, sparse, workers=[self.owners[s]],
                                      allow_other_workers=False, pure=False)
             self._wait([fut])
-            out[pick] = fut.result()
-        self._received += out.nbytes
+            if sparse:
+                picks.append(pick)
+                parts.append(fut.result())
+            else:
+                out[pick] = fut.result()
+        if sparse:  # the shards' rows back in the given order
+            position = np.empty(len(global_rows), dtype=np.int64)
+            position[np.concatenate(picks)] = np.arange(len(global_rows))
+            out = sp.csr_matrix(sp.vstack(parts, format="csr")[position])
+        self._received += T._nbytes(out)
         return out
 
     def retrying(self, attempt):

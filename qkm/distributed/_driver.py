@@ -16,13 +16,14 @@ import scipy.sparse as sp
 
 from .. import _config
 from ..clustering._elkan import _half_center_distances
-from ..clustering._empty import apply_relocations, plan_relocations
+from ..clustering._empty import apply_relocations, apply_relocations_csr, plan_relocations
+from .._data import csr_means
 from ..factorization._kernels import centroid_sq_norms
 from .._reduce import means_from_csr_sums, means_from_sums
 from ..clustering._stopping import IterationLog, StoppingRule
 from . import _shard_tasks as T
 
-__all__ = ["run_lloyd", "run_elkan", "update_means"]
+__all__ = ["run_lloyd", "run_elkan", "update_means", "update_means_csr"]
 
 
 class _Update:
@@ -47,21 +48,47 @@ def update_means(sd, part, C, key, it, elkan, C_new, repair=True):
         means_from_sums(sums, part.counts, C_new, shift_sq)
     c_sq = centroid_sq_norms(C_new)
     counts = part.counts.copy()
-    n_empty = int((counts == 0).sum())
     relocated = 0
-    if n_empty and repair:
-        m = n_empty + k  # enough: each cluster makes at most one candidate be skipped
-        found = sd.gather_each(T.candidates, key, it, m, elkan)
-        sq = np.concatenate([f[0] for f in found])
-        rows = np.concatenate([f[1] for f in found])
-        labels = np.concatenate([f[2] for f in found])
-        order = np.lexsort((rows, -sq))[:m]
-        moves = plan_relocations(counts, labels[order], sq[order])
+    if (counts == 0).any() and repair:
+        moves, rows = _relocations(sd, counts, key, it, elkan)
         if moves:
-            chosen = rows[order[[pos for _, pos, _, _ in moves]]]
-            apply_relocations(moves, sd.fetch_rows(chosen), C_new, shift_sq, c_sq, C)
+            apply_relocations(moves, rows, C_new, shift_sq, c_sq, C)
         relocated = len(moves)
     return _Update(C_new, shift_sq, c_sq, relocated, counts)
+
+
+def update_means_csr(sd, part, C, key, it, repair=True):
+    """:func:`update_means` with CSR means (QK-means on wide sparse shards): no dense ``K x D`` on the driver.
+
+    The shards' CSR sums, combined in the fixed order, become the means as
+    :meth:`qkm._data.KMeansData.update_csr` makes them in memory (the same
+    bits); ``C`` (CSR, the previous means) gives the rows of clusters left
+    empty and is not modified. The squared moves and norms are not kept.
+    """
+    counts = part.counts.copy()
+    C_new = csr_means(part.sums, counts, C, sd.dtype)
+    relocated = 0
+    if (counts == 0).any() and repair:
+        moves, rows = _relocations(sd, counts, key, it, False)
+        if moves:
+            C_new = apply_relocations_csr(moves, rows, C_new, sd.dtype)
+        relocated = len(moves)
+    return _Update(C_new, None, None, relocated, counts)
+
+
+def _relocations(sd, counts, key, it, elkan):
+    """Moves of the empty-cluster repair (``counts`` updated) and the chosen rows (dense float64), from the
+    shards' farthest points."""
+    m = int((counts == 0).sum()) + counts.shape[0]  # enough: each cluster makes at most one candidate be skipped
+    found = sd.gather_each(T.candidates, key, it, m, elkan)
+    sq = np.concatenate([f[0] for f in found])
+    rows = np.concatenate([f[1] for f in found])
+    labels = np.concatenate([f[2] for f in found])
+    order = np.lexsort((rows, -sq))[:m]
+    moves = plan_relocations(counts, labels[order], sq[order])
+    if not moves:
+        return moves, None
+    return moves, sd.fetch_rows(rows[order[[pos for _, pos, _, _ in moves]]])
 
 
 def _final(sd, C, c_sq, key, it, strict, elkan, C_last, rebuild):

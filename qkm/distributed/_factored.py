@@ -10,21 +10,24 @@ fixed tree order. The driver does the O(K x D) work: means from the sums,
 empty-cluster repair from the shards' farthest points (as
 :func:`qkm.distributed._driver.update_means` for k-means), the factor refit
 and its guard (the closed form, from ``sum ||x||^2``, the means and the
-counts: no extra pass). Labels, objective history and factors are those of
+counts: no extra pass). On wide CSR shards (``keeps_csr_means``) the seeds
+and means stay CSR on the driver (:func:`qkm.distributed._driver.update_means_csr`):
+no dense ``K x D`` there. Labels, objective history and factors are those of
 ``QKMeans.fit`` on the whole data in memory.
 """
 
 import uuid
 
 import numpy as np
+import scipy.sparse as sp
 from sklearn.utils import check_random_state
 
 from ..clustering._base import seeding_of, warn_if_clusters_lost
-from ..clustering._factored_lloyd import factored_lloyd
+from ..clustering._factored_lloyd import factored_lloyd, keeps_csr_means
 from ..clustering._stopping import IterationLog
 from .._threads import effective_n_threads, numba_threads, single_threaded_blas
 from . import _shard_tasks as T
-from ._driver import update_means
+from ._driver import update_means, update_means_csr
 from ._fit import column_mean, resolve_n_clusters
 from ._seeding import initial_seeds
 
@@ -47,6 +50,7 @@ class ShardPass:
         self.round = -1             # assignments so far - 1: the shard state's iteration
         self.packs = (None, None)   # (previous, current) ChainPack: the previous one rebuilds a lost state
         self.part = None
+        self.sparse_rows = sd.sparse  # wide CSR shards: the means stay CSR on the driver (update_means_csr)
 
     def x_sq_total(self):
         return self.sd.retrying(lambda rebuild: self.sd.map_reduce(T.row_sq_total, None).wcss)
@@ -68,6 +72,8 @@ class ShardPass:
         def attempt(rebuild):
             if rebuild:  # a worker was lost since the assignment: its shards' labels are rebuilt first
                 self.part = self._run(True)
+            if sp.issparse(U):
+                return update_means_csr(self.sd, self.part, U, self.key, self.round, repair)
             return update_means(self.sd, self.part, U, self.key, self.round, False, np.empty_like(U), repair)
 
         up = self.sd.retrying(attempt)
@@ -95,8 +101,10 @@ def fit_factored(est, sd, callback=None):
         mean = column_mean(sd) if est.center else None
         for run_id in range(n_runs):
             key = (token, run_id)
-            seeds = initial_seeds(seeding, sd, n_clusters, rng, key)
             fitter = est._make_fitter(n_clusters, sd.n_features)
+            # wide CSR shards: seeds and means CSR on the driver, as in memory (no dense K x D there)
+            wide = keeps_csr_means(fitter, sd.sparse, mean, n_clusters, sd.n_features)
+            seeds = initial_seeds(seeding, sd, n_clusters, rng, key, sparse_centers=wide)
             log = IterationLog(est.verbose, prefix=f"run {run_id + 1}: " if est.verbose else "",
                                callback=callback, first=seeds.record)
             sd.reset_traffic()

@@ -29,7 +29,7 @@ def _nbytes(a):
 def compact_pack(pack):
     """The centres of a pack as CSR when that is at most half their dense size (values unchanged)."""
     C = pack[0]
-    if C.ndim != 2:
+    if C.ndim != 2 or sp.issparse(C):  # CSR already (wide sparse seeds)
         return pack
     row_nnz = np.empty(C.shape[0], dtype=np.int64)
     _row_nnz(C, row_nnz)

@@ -87,7 +87,7 @@ def _map_chunks(sd, key):
     return map_chunks
 
 
-def _kmeans_parallel(seeding, sd, n_clusters, rng, key):
+def _kmeans_parallel(seeding, sd, n_clusters, rng, key, sparse_centers=False):
     refs = [_ChunkRef(p, n) for p, n in enumerate(sd.sizes)]
     state = rng.get_state()
 
@@ -97,7 +97,8 @@ def _kmeans_parallel(seeding, sd, n_clusters, rng, key):
         tag = (key, "kmpar", time.perf_counter_ns())
         try:
             return kmeans_parallel(refs, n_clusters, rng, seeding.oversampling_factor, seeding.init_rounds,
-                                   n_local_trials=seeding.n_local_trials, map_chunks=_map_chunks(sd, tag))
+                                   n_local_trials=seeding.n_local_trials, map_chunks=_map_chunks(sd, tag),
+                                   sparse_centers=sparse_centers)
         finally:
             sd.client.gather(sd._submit_each(drop_state, tag))
 
@@ -122,49 +123,62 @@ def _sample(sd, rng):
     return _stack(sd.client.gather(parts))
 
 
-def _random_rows(sd, n_clusters, rng):
-    """:func:`qkm.clustering._init.random_rows` over shards (the same draws)."""
+def _random_rows(sd, n_clusters, rng, sparse=False):
+    """:func:`qkm.clustering._init.random_rows` over shards (the same draws; CSR rows with ``sparse``)."""
     idx = rng.choice(sd.n_rows, size=n_clusters, replace=False)
-    rows = sd.fetch_rows(idx)
-    if len(distinct_row_indices(rows + 0.0)) < n_clusters:  # rare: some drawn rows are equal
+    rows = sd.fetch_rows(idx, sparse)
+    if len(distinct_row_indices(rows if sp.issparse(rows) else rows + 0.0)) < n_clusters:  # rare: equal rows
         digests = [d for part in sd.gather_each(T.row_digests) for d in part]
         first = {}
         for i, d in enumerate(digests):
             first.setdefault(d, i)
         pool = np.sort(np.fromiter(first.values(), dtype=np.int64))
-        rows = sd.fetch_rows(pool[rng.choice(pool.shape[0], size=n_clusters, replace=False)])
-    return np.ascontiguousarray(rows, dtype=sd.dtype)
+        rows = sd.fetch_rows(pool[rng.choice(pool.shape[0], size=n_clusters, replace=False)], sparse)
+    return _as_centers(rows, sd.dtype)
+
+
+def _as_centers(C, dtype):
+    """Centres in the data's dtype: C-contiguous, or CSR when they are CSR."""
+    return sp.csr_matrix(C, dtype=dtype) if sp.issparse(C) else np.ascontiguousarray(C, dtype=dtype)
 
 
 def potential(sd, centers):
     """Sum over the shards' rows of the squared distance to the nearest centre (fixed summation order)."""
     from ..factorization._kernels import centroid_sq_norms
 
-    C = np.ascontiguousarray(centers, dtype=sd.dtype)
-    return float(sd.map_reduce(potential_task, (C, centroid_sq_norms(C))).wcss)
+    C = _as_centers(centers, sd.dtype)
+    if sp.issparse(C):  # sent as CSR (as compact_pack sends sparse centres), dense only on the workers
+        c_sq = np.asarray(C.multiply(C).sum(axis=1), dtype=np.float64).ravel()
+    else:
+        c_sq = centroid_sq_norms(C)
+    return float(sd.map_reduce(potential_task, (C, c_sq)).wcss)
 
 
-def initial_seeds(seeding, sd, n_clusters, rng, key):
+def initial_seeds(seeding, sd, n_clusters, rng, key, sparse_centers=False):
     """:func:`qkm.clustering._base.initial_centers` over shards: :class:`qkm.clustering._seeding.Seeds` of one run.
 
     ``seeding`` is a :class:`qkm.clustering._seeding.Seeding`; ``key`` names the run
     (the k-means|| chunk states on the workers are kept under it, then dropped).
+    ``sparse_centers`` (CSR shards): the centres as CSR, never a dense ``K x D``
+    array on the driver (as :func:`qkm.clustering._seeding.run_seeding`).
     """
+    sparse_centers = sparse_centers and sd.sparse
     if not isinstance(seeding.init, str):
-        centers = check_init_array(seeding.init, n_clusters, sd.n_features, sd.dtype)
+        centers = check_init_array(seeding.init, n_clusters, sd.n_features, sd.dtype, sparse=sparse_centers)
         return Seeds(centers, potential(sd, centers), 0.0, "array", sd.n_rows)
     if seeding.init_sample is not None and seeding.init != "random":
         raise ValueError("init_sample is not supported on shards: the seeding runs on the whole data up to "
                          "ShardedData(init_sample_size=...) rows, on a uniform sample of that size past it.")
     t0 = time.perf_counter()
     if seeding.init == "random":
-        centers, rows = _random_rows(sd, n_clusters, rng), sd.n_rows
+        centers, rows = _random_rows(sd, n_clusters, rng, sparse_centers), sd.n_rows
     elif seeding.init == "k-means||":
-        centers, rows = _kmeans_parallel(seeding, sd, n_clusters, rng, key), sd.n_rows
+        centers, rows = _kmeans_parallel(seeding, sd, n_clusters, rng, key, sparse_centers), sd.n_rows
     else:  # k-means++ or D^2-seeding on the driver, on the whole data or a sample of it
         sample = _sample(sd, rng)
         data = KMeansData(sample)
-        seeds = run_seeding(seeding, data, n_clusters, rng)
+        seeds = run_seeding(seeding, data, n_clusters, rng, sparse_centers)
         centers, rows = seeds.centers, data.n_samples
     seconds = time.perf_counter() - t0
-    return Seeds(np.ascontiguousarray(centers, dtype=sd.dtype), potential(sd, centers), seconds, seeding.init, rows)
+    centers = _as_centers(centers, sd.dtype)
+    return Seeds(centers, potential(sd, centers), seconds, seeding.init, rows)

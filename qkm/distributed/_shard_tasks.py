@@ -150,8 +150,10 @@ def row_sq_total(shard, pack):
     return Partial(wcss=shard.data.total(shard.data.x_sq))
 
 
-def rows(shard, local_rows):
-    """Dense float64 rows (as ``KMeansData.row`` gives them)."""
+def rows(shard, local_rows, sparse=False):
+    """Dense float64 rows (as ``KMeansData.row`` gives them), or the CSR rows of a CSR shard with ``sparse``."""
+    if sparse and shard.data.sparse:
+        return shard.data.X[np.asarray(local_rows, dtype=np.int64)]
     return np.stack([shard.data.row(int(i)) for i in local_rows]) if len(local_rows) else None
 
 
