@@ -345,10 +345,14 @@ def test_qkmeans_csr_means_on_wide_shards(inproc_client, tmp_path_factory, wide,
     and repairs an empty cluster from the shards' candidates as in memory; the fit is the in-memory one."""
     from qkm.distributed import _factored
 
-    given = []
+    from qkm.distributed import _packs
+
+    given, densified = [], []
     real = _factored.factored_lloyd
     monkeypatch.setattr(_factored, "factored_lloyd", lambda data, seeds, *a, **kw: given.append(seeds) or real(
         data, seeds, *a, **kw))
+    real_unpack = _packs._unpack  # the workers (in this process) never densify CSR centres either
+    monkeypatch.setattr(_packs, "_unpack", lambda pack: densified.append(sp.issparse(pack[0])) or real_unpack(pack))
     sd = ShardedData(shards(tmp_path_factory, wide, LAYOUTS[layout]), inproc_client)
     kw = dict(n_clusters=K, n_factors=3, sparsity_level=2, max_iter=5, palm_max_iter=4, random_state=2)
     if seeds == "array with an empty cluster":  # nothing is near the last centre
@@ -357,6 +361,7 @@ def test_qkmeans_csr_means_on_wide_shards(inproc_client, tmp_path_factory, wide,
         kw["init"] = seeds
     got, ref = qkm.QKMeans(**kw).fit(sd), qkm.QKMeans(**kw).fit(wide)
     assert len(given) == 1 and sp.isspmatrix_csr(given[0]) and given[0].dtype == np.float64
+    assert not any(densified)
     assert got.history_[0]["seeding_cost"] == pytest.approx(ref.history_[0]["seeding_cost"], rel=1e-12)
     for est in (got, ref):
         assert {r["means"] for r in est.history_ if "means" in r} == {"csr"}

@@ -19,7 +19,8 @@ import scipy.sparse as sp
 
 from .._data import KMeansData
 from ..clustering._init import distinct_row_indices
-from ..clustering._seeding import Seeds, kmeans_parallel, run_seeding
+from ..clustering._seeding import KMParChunk, Seeds, chunk_lower, kmeans_parallel, run_seeding
+from ..clustering._seeding_kernels import CenterBlock
 from .._validation import check_init_array
 from . import _shard_tasks as T
 
@@ -54,9 +55,16 @@ def drop_state(shard, key):
 
 
 def potential_task(shard, pack):
-    """The shard's part of :func:`potential` for the centres ``pack = (C, c_sq)``."""
+    """The shard's part of :func:`potential` for the centres ``pack = (C, c_sq)``.
+
+    CSR centres of CSR shards go through :func:`qkm.clustering._seeding.chunk_lower`
+    (as the in-memory :func:`qkm.clustering._seeding.potential`), never densified.
+    """
     shard.check()
     d = shard.data
+    if sp.issparse(pack[0]) and d.sparse:
+        with shard.threads():
+            return T.Partial(wcss=chunk_lower(KMParChunk(d), CenterBlock(pack[0], 0)))
     labels = np.empty(shard.n_rows, dtype=np.int32)
     partial = np.empty(shard.n_rows, dtype=np.float64)
     with shard.threads():
