@@ -187,3 +187,11 @@ def hard_threshold_support(Z, k):
     a = Z.shape[1]
     ptr = np.concatenate([[0], np.cumsum(np.bincount(keep // a, minlength=Z.shape[0]))])
     return ptr, keep % a
+
+
+def decaying_mixture(seed, n_centers, n_rows, n_features=200):
+    """Gaussian mixture whose centres and noise decay along the features (search bounds need head and tail)."""
+    rng = np.random.RandomState(seed)
+    centers = rng.normal(size=(n_centers, n_features)) * np.linspace(3.0, 0.2, n_features)
+    return centers[rng.randint(n_centers, size=n_rows)] + rng.normal(size=(n_rows, n_features)) * np.linspace(
+        1.5, 0.3, n_features)

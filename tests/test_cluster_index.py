@@ -27,9 +27,7 @@ def data():
 @pytest.fixture(scope="module")
 def wide():
     """200 features on a decaying spectrum: the bounds use head, tail blocks and a residual beyond them."""
-    rng = np.random.RandomState(3)
-    centers = rng.normal(size=(12, 200)) * np.linspace(3.0, 0.2, 200)
-    X = centers[rng.randint(12, size=760)] + rng.normal(size=(760, 200)) * np.linspace(1.5, 0.3, 200)
+    X = naive.decaying_mixture(3, 12, 760)
     return X[:700], X[700:]
 
 

@@ -14,9 +14,7 @@ import naive
 @pytest.fixture(scope="module")
 def wide():
     """200 features on a decaying spectrum, and 80 queries from the same mixture."""
-    rng = np.random.RandomState(5)
-    centers = rng.normal(size=(10, 200)) * np.linspace(3.0, 0.2, 200)
-    X = centers[rng.randint(10, size=680)] + rng.normal(size=(680, 200)) * np.linspace(1.5, 0.3, 200)
+    X = naive.decaying_mixture(5, 10, 680)
     return X[:600], X[600:]
 
 
