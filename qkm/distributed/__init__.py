@@ -24,6 +24,7 @@ whole data in memory, for any number of workers.
 """
 
 import itertools
+import time
 import uuid
 
 import numpy as np
@@ -34,6 +35,7 @@ from .._shards import check_layout, read_manifest
 from . import _shard_tasks as T
 from ._cluster import SchedulerUnreachable, VersionMismatch, check_versions, connect
 from ._fit import fit_kmeans
+from ._timeline import Timeline
 
 __all__ = ["ShardedData", "connect", "check_versions", "SchedulerUnreachable", "VersionMismatch", "StateLost"]
 
@@ -102,6 +104,8 @@ class ShardedData:
         self.n_retries = 0
         self.buffers = T.BufferRing()  # the driver's K x D arrays, reused across iterations
         self.poll_seconds = 1.0
+        self.timeline = Timeline()  # phases of the driver and of the shard tasks (diagnostics)
+        self.rounds = []  # the phases of each iteration of the last fit (:meth:`end_round`)
 
     # ------------------------------------------------------------------ #
     # the protocol KMeans.fit looks for
@@ -157,9 +161,11 @@ class ShardedData:
     # one round: the same function on every shard, results added in the fixed tree order
     def _scatter(self, obj):
         if isinstance(obj, tuple) and self.sparse:
-            obj = T.compact_pack(obj)
+            with self.timeline.phase("compact"):
+                obj = T.compact_pack(obj)
         self._sent += sum(T._nbytes(a) for a in (obj if isinstance(obj, tuple) else (obj,)))
-        return self.client.scatter([obj], hash=False)[0]
+        with self.timeline.phase("scatter"):
+            return self.client.scatter([obj], hash=False)[0]
 
     def _submit_each(self, fn, *args, **kwargs):
         """``fn(shard, ...)`` on every shard, pinned to the worker holding it and its state (no work stealing:
@@ -191,11 +197,16 @@ class ShardedData:
         if not same_pack or self._pack is None:
             self._pack = self._scatter(pack)
         kwargs = {} if rebuild is None else {"rebuild": self._scatter(rebuild)}
-        values = self._submit_each(fn, self._pack, *args, **kwargs)
-        for a, b in merge_plan((self.starts // _config.REDUCE_BLOCK_ROWS).tolist()):
-            values[a] = self.client.submit(T.combine, values[a], values[b], pure=False)
-        self._wait([values[0]])
-        out = values[0].result()
+        tl = self.timeline
+        with tl.phase("submit"):
+            values = self._submit_each(fn, self._pack, *args, **kwargs)
+            for a, b in merge_plan((self.starts // _config.REDUCE_BLOCK_ROWS).tolist()):
+                values[a] = self.client.submit(T.combine, values[a], values[b], pure=False)
+        with tl.phase("wait"):
+            self._wait([values[0]])
+        with tl.phase("result"):
+            out = values[0].result()
+        tl.add(out.events)
         self._received += out.nbytes
         return out
 
@@ -261,6 +272,15 @@ class ShardedData:
 
     def reset_traffic(self):
         self._sent = self._received = 0
+        self.timeline.take()
+        self.rounds = []
+        self._round_start = time.time()
+
+    def end_round(self):
+        """Keep the phases recorded since the last call as one iteration's: ``(start, end, events)``."""
+        now = time.time()
+        self.rounds.append((getattr(self, "_round_start", now), now, self.timeline.take()))
+        self._round_start = now
 
     def traffic_since_last(self):
         out = {"sent_bytes": self._sent, "received_bytes": self._received}

@@ -116,13 +116,15 @@ def run_lloyd(sd, centers_init, *, max_iter, tol, tol_wcss=0.0, verbose=0, log=N
 
         def attempt(rebuild, it=it, C=C, c_sq=c_sq, C_prev=C_prev, out=out):
             part = sd.map_reduce(T.lloyd_step, (C, c_sq), key, it, rebuild=C_prev if rebuild else None)
-            return part, update_means(sd, part, C, key, it, False, out)
+            with sd.timeline.phase("means"):
+                return part, update_means(sd, part, C, key, it, False, out)
 
         part, up = sd.retrying(attempt)
         wcss = part.wcss
         shift_total = float(up.shift_sq.sum())
         log.record(it, wcss=wcss, shift=shift_total, storage="shards", relocated=up.relocated,
                    seconds=time.perf_counter() - t0, shard_seconds=part.seconds, **sd.traffic_since_last())
+        sd.end_round()
         strict, stop = rule.check_changed(part.n_changed, shift_total, wcss)
         C_prev, C, c_sq = (C, c_sq), up.C, up.c_sq
         if stop:

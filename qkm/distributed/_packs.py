@@ -16,6 +16,7 @@ from numba import njit, prange
 
 from ..factorization._kernels import _JIT
 from ..operator import DenseOperator
+from ._timeline import nested_phase
 
 __all__ = ["ChainPack", "BufferRing", "compact_pack"]
 
@@ -114,17 +115,24 @@ class _SharedOperator(DenseOperator):
 
     def column_nnz(self):
         with self._lock:
-            return super().column_nnz()
+            if self._col_nnz is None:
+                with nested_phase("assign/column_nnz"):
+                    return super().column_nnz()
+            return self._col_nnz
 
     def dense_transpose(self, buffer=None):
         with self._lock:
             if self._dense_ct is None:
-                return super().dense_transpose(_RING.get(self.C.shape[::-1], self.C.dtype))
+                with nested_phase("assign/transpose"):
+                    return super().dense_transpose(_RING.get(self.C.shape[::-1], self.C.dtype))
             return self._dense_ct
 
     def sparse_transpose(self):
         with self._lock:
-            return super().sparse_transpose()
+            if self._sparse_ct is None:
+                with nested_phase("assign/transpose"):
+                    return super().sparse_transpose()
+            return self._sparse_ct
 
 
 class ChainPack:

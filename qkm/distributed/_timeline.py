@@ -1,0 +1,88 @@
+"""Where the time of a fit over shards goes: phases on the driver and in the shard tasks (private, diagnostics).
+
+A phase is one event ``(process id, shard, name, start, end)`` with wall-clock
+seconds (``time.time()``, comparable between the processes of one machine).
+The shard tasks return theirs with their partial results (the combine adds
+its own); the driver keeps its own and those of every round in
+:attr:`ShardedData.timeline <qkm.distributed.ShardedData>`. Nothing here
+changes a result: the events are read only by :func:`summarise_round`.
+"""
+
+import contextlib
+import os
+import threading
+import time
+
+__all__ = ["Timeline", "summarise_round", "task_timeline", "nested_phase"]
+
+_LOCAL = threading.local()  # the timeline of the shard task running in this thread
+
+
+class Timeline:
+    """Events of one process; ``phase(name)`` records the wall-clock time of a ``with`` block."""
+
+    def __init__(self, enabled=True):
+        self.enabled = enabled
+        self.events = []
+
+    @contextlib.contextmanager
+    def phase(self, name, shard=-1):
+        if not self.enabled:
+            yield
+            return
+        t0 = time.time()
+        try:
+            yield
+        finally:
+            self.events.append((os.getpid(), int(shard), name, t0, time.time()))
+
+    def add(self, events):
+        if self.enabled:
+            self.events.extend(events)
+
+    def take(self):
+        out, self.events = self.events, []
+        return out
+
+
+@contextlib.contextmanager
+def task_timeline():
+    """A :class:`Timeline` for one shard task; :func:`nested_phase` inside it (e.g. in an operator) records there."""
+    tl = Timeline()
+    previous, _LOCAL.timeline = getattr(_LOCAL, "timeline", None), tl
+    try:
+        yield tl
+    finally:
+        _LOCAL.timeline = previous
+
+
+@contextlib.contextmanager
+def nested_phase(name):
+    """A phase inside another one of the current task (named ``outer/inner``: not counted twice as busy)."""
+    tl = getattr(_LOCAL, "timeline", None)
+    if tl is None:
+        yield
+        return
+    with tl.phase(name):
+        yield
+
+
+def summarise_round(events, driver_pid):
+    """Seconds per phase of one round: ``{"driver": {...}, "workers": {pid: {...}}}`` plus the round's span.
+
+    Worker phases are summed per process; ``busy`` is their total and
+    ``idle`` the rest of the driver's wall time of the round (waiting for
+    inputs, task hand-offs, or for the driver).
+    """
+    if not events:
+        return {}
+    t0 = min(e[3] for e in events)
+    t1 = max(e[4] for e in events)
+    driver, workers = {}, {}
+    for pid, _shard, name, a, b in events:
+        table = driver if pid == driver_pid else workers.setdefault(pid, {})
+        table[name] = table.get(name, 0.0) + (b - a)
+    for table in workers.values():
+        table["busy"] = sum(v for k, v in table.items() if "/" not in k)
+        table["idle"] = (t1 - t0) - table["busy"]
+    return {"span": t1 - t0, "driver": driver, "workers": workers}
