@@ -33,6 +33,7 @@ Usage::
 import argparse
 import importlib.util
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -81,8 +82,6 @@ def iteration_phases(start, end, events, driver_pid):
 
 
 def run_config(spec):
-    import os
-
     import numpy as np
     from distributed import Client, LocalCluster
 
@@ -104,7 +103,9 @@ def run_config(spec):
             rounds = rounds[:spec["iters"] - 1]
         its = [iteration_phases(a, b, ev, os.getpid()) for a, b, ev in rounds]
         sd.close()
-    out = {"config": spec["config"], "algorithm": algorithm, "iterations": its, "inertia": float(km.inertia_),
+    import qkm
+
+    out = {"config": spec["config"], "qkm_source": str(Path(qkm.__file__).parent.parent), "algorithm": algorithm, "iterations": its, "inertia": float(km.inertia_),
            "seconds_per_iter": DB.timings(algorithm, km)[0]["seconds_per_iter"],
            "load": dict(load, after=DB.uptime_load())}
     print("RESULT " + json.dumps(out), flush=True)
@@ -159,9 +160,10 @@ def summarise(results, meta):
     for r in results:
         lines.append(f"* {r['config']}: {r['seconds_per_iter']:.3f} s/iter (fit's own timing), inertia "
                      f"{r['inertia']!r}, load 1-min {r['load']['before'][0]:.1f} / {r['load']['after'][0]:.1f}")
-    if {"dask-1w", "dask-2w"} <= set(tables):
-        t1, t2 = tables["dask-1w"]["seconds"], tables["dask-2w"]["seconds"]
-        lines.append(f"* 2 workers vs 1 (medians of the phase runs): {t1 / t2:.2f}x")
+    for prefix in ("ref-", ""):
+        if {prefix + "dask-1w", prefix + "dask-2w"} <= set(tables):
+            t1, t2 = tables[prefix + "dask-1w"]["seconds"], tables[prefix + "dask-2w"]["seconds"]
+            lines.append(f"* {prefix}dask-2w vs {prefix}dask-1w (medians of the phase runs): {t1 / t2:.2f}x")
     return "\n".join(lines) + "\n"
 
 
@@ -180,6 +182,8 @@ def main():
     p.add_argument("--density", type=float, default=1e-4)
     p.add_argument("--rows-per-shard", type=int, default=1 << 19)
     p.add_argument("--out", default=str(BENCH_DIR / "results" / "distributed_phases"))
+    p.add_argument("--ref-src", help="A/B: the source tree of another qkm version (e.g. `git archive REV qkm | "
+                   "tar -x -C DIR`); configs named ref-dask-1w, ref-dask-2w run with it on PYTHONPATH")
     p.add_argument("--run", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.run:
@@ -206,8 +210,13 @@ def main():
             spec = {"config": config, "directory": directory, "init": inits[f"{name}:{args.k}"],
                     "iters": args.iters, "algorithm": args.algorithm}
             print(f"[{time.strftime('%H:%M:%S')}] round {rnd + 1} {config} load {DB.uptime_load()}", flush=True)
+            env = dict(os.environ)
+            if config.startswith("ref-"):
+                if not args.ref_src:
+                    raise SystemExit("ref-* configs need --ref-src")
+                env["PYTHONPATH"] = os.pathsep.join(filter(None, [args.ref_src, env.get("PYTHONPATH")]))
             proc = subprocess.run([sys.executable, __file__, "--run", json.dumps(spec)], capture_output=True,
-                                  text=True)
+                                  text=True, env=env)
             line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
             if proc.returncode or not line:
                 print(proc.stdout[-2000:], proc.stderr[-4000:], flush=True)

@@ -338,6 +338,34 @@ def wide():
     return X
 
 
+@pytest.mark.parametrize("algorithm", ["lloyd", "elkan"])
+def test_kmeans_compact_packs_on_wide_shards(inproc_client, tmp_path_factory, wide, algorithm, monkeypatch):
+    """Wide CSR shards: the centres travel as CSR and the workers build C^T from it (Lloyd never densifies
+    them; Elkan's bounds do, on demand); the fit is the in-memory one."""
+    from qkm.distributed import _packs
+    from qkm.distributed import _shard_tasks as T
+
+    kinds, densified = [], []
+    real_operator, real_unpack = T._operator, _packs._unpack
+
+    def operator(pack):
+        op = real_operator(pack)
+        kinds.append(type(op).__name__)
+        return op
+
+    monkeypatch.setattr(T, "_operator", operator)
+    monkeypatch.setattr(_packs, "_unpack", lambda pack: densified.append(sp.issparse(pack[0])) or real_unpack(pack))
+    sd = ShardedData(shards(tmp_path_factory, wide, LAYOUTS["3 shards + empty"]), inproc_client)
+    kw = dict(n_clusters=K, random_state=1, algorithm=algorithm, max_iter=6)
+    got, ref = qkm.KMeans(**kw).fit(sd), qkm.KMeans(**kw).fit(wide)
+    # the labels on the fit's own client (``compute()`` would use the newest one of this process)
+    np.testing.assert_array_equal(inproc_client.compute(got.labels_, sync=True), ref.labels_)
+    np.testing.assert_array_equal(got.cluster_centers_, ref.cluster_centers_)
+    assert got.inertia_ == ref.inertia_ and got.n_iter_ == ref.n_iter_
+    assert kinds and set(kinds) == {"_SharedCSROperator"}
+    assert any(densified) == (algorithm == "elkan")
+
+
 @pytest.mark.parametrize("layout, seeds", [(layout, "k-means++") for layout in LAYOUTS] + [
     ("3 shards + empty", s) for s in ("array with an empty cluster", "random", "k-means||", "d2-seeding")])
 def test_qkmeans_csr_means_on_wide_shards(inproc_client, tmp_path_factory, wide, layout, seeds, monkeypatch):

@@ -106,6 +106,7 @@ class ShardedData:
         self.poll_seconds = 1.0
         self.timeline = Timeline()  # phases of the driver and of the shard tasks (diagnostics)
         self.rounds = []  # the phases of each iteration of the last fit (:meth:`end_round`)
+        self.seeding_steps = []  # bytes sent and received by each step of the last k-means|| seeding
 
     # ------------------------------------------------------------------ #
     # the protocol KMeans.fit looks for

@@ -38,13 +38,13 @@ def update_means(sd, part, C, key, it, elkan, C_new, repair=True):
     the result are the sizes after the repair (moved points counted in their new cluster).
     """
     k = C.shape[0]
-    np.copyto(C_new, C)
     shift_sq = np.empty(k, dtype=np.float64)
     sums = part.sums
     if sp.issparse(sums):
         sums = sp.csr_matrix(sums)
-        means_from_csr_sums(sums.indptr, sums.indices, sums.data, part.counts, C_new, shift_sq)
+        means_from_csr_sums(sums.indptr, sums.indices, sums.data, part.counts, C, C_new, shift_sq)
     else:
+        np.copyto(C_new, C)
         means_from_sums(sums, part.counts, C_new, shift_sq)
     c_sq = centroid_sq_norms(C_new)
     counts = part.counts.copy()
