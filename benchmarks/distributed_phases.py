@@ -22,8 +22,9 @@ the measured iterations (and rounds) of:
   shard task done -> combined partial on the driver: the combine tree and its
   transfers).
 
-The serial part of an iteration is everything but the workers' ``busy``
-time that shrinks with more workers. Also records ``uptime`` load per run.
+The serial part of an iteration (``serial`` row) is the iteration's time minus
+the ``busy`` time of its busiest worker: the part that more workers do not
+shorten (driver work, transfers, hand-offs, idle workers). Also records ``uptime`` load per run.
 
 Usage::
 
@@ -76,6 +77,7 @@ def iteration_phases(start, end, events, driver_pid):
         row["busy"] = sum(v for k, v in row.items() if "/" not in k)
         row["start_latency"] = w["first_start"] - submit_end if submit_end is not None else float("nan")
         out["workers"].append(row)
+    out["serial"] = out["seconds"] - max((w["busy"] for w in out["workers"]), default=0.0)
     last = max((w["last_task_end"] for w in workers.values()), default=None)
     out["tail"] = (wait_end - last) if (wait_end is not None and last) else float("nan")
     return out
@@ -118,6 +120,7 @@ def median_table(results, config):
     med = lambda v: statistics.median(v) if v else float("nan")  # noqa: E731
     n_workers = max(len(it["workers"]) for it in its)
     table = {"seconds": med([it["seconds"] for it in its]), "tail": med([it["tail"] for it in its]),
+             "serial": med([it["seconds"] - max(w["busy"] for w in it["workers"]) for it in its]),
              "driver": {k: med([it["driver"][k] for it in its]) for k in DRIVER_PHASES}, "workers": []}
     for w in range(n_workers):
         rows = [it["workers"][w] for it in its if len(it["workers"]) > w]
@@ -154,6 +157,8 @@ def summarise(results, meta):
         lines.append(f"| {key} | " + " | ".join(cell(c, i, key) for c, i in cols) + " |")
     lines.append("| tail (last shard task -> result on driver) | " + " | ".join(
         f"{tables[c]['tail']:.3f}" if i == -1 else "" for c, i in cols) + " |")
+    lines.append("| serial: iteration - busiest worker's busy | " + " | ".join(
+        f"{tables[c]['serial']:.3f}" if i == -1 else "" for c, i in cols) + " |")
     lines.append("| **iteration** | " + " | ".join(
         f"**{tables[c]['seconds']:.3f}**" if i == -1 else "" for c, i in cols) + " |")
     lines.append("")
