@@ -129,15 +129,24 @@ def median_table(results, config):
 
 
 def summarise(results, meta):
-    configs = list(dict.fromkeys(r["config"] for r in results))
-    tables = {c: median_table(results, c) for c in configs}
     lines = ["# Phases of one distributed iteration: 1 vs 2 workers\n",
              f"Command: `{meta['command']}`  ",
              f"Data: {meta['shape']}; {meta['algorithm']}, K = {meta['k']}; {meta['iters']} measured iterations "
              f"after one warm-up, {meta['rounds']} round(s) per configuration, interleaved; medians over "
              f"iterations and rounds (seconds).  ", f"Machine: {meta['cpu']}, 2 cores shared with other jobs; "
-             f"qkm {meta['qkm']}, dask {meta['dask']}.\n",
-             "| phase | " + " | ".join(f"{c} {w}" for c in configs for w in
+             f"qkm {meta['qkm']}, dask {meta['dask']}.\n"]
+    if meta.get("micro"):
+        m = meta["micro"]
+        lines += ["Serial parts before / after this change (one process, interleaved, median of "
+                  f"{next(iter(m.values()))['reps']}; load 1-min {m['load']['before'][0]:.1f} / "
+                  f"{m['load']['after'][0]:.1f}):\n", "| part | before s | after s |", "|---|---|---|"]
+        lines += [f"| {k} | {v['before']:.4f} | {v['after']:.4f} |" for k, v in m.items() if k != "load"]
+        lines.append("")
+    if not results:
+        return "\n".join(lines) + "\n"
+    configs = list(dict.fromkeys(r["config"] for r in results))
+    tables = {c: median_table(results, c) for c in configs}
+    lines += ["| phase | " + " | ".join(f"{c} {w}" for c in configs for w in
                                       ["driver"] + [f"worker {i + 1}" for i in range(len(tables[c]["workers"]))])
              + " |"]
     cols = [(c, None) for c in configs]
@@ -172,6 +181,85 @@ def summarise(results, meta):
     return "\n".join(lines) + "\n"
 
 
+def micro(args, directory, init, reps):
+    """A/B of the serial parts this benchmark found, one process, interleaved, medians (seconds).
+
+    On the first shard and the means after one Lloyd step from the benchmark's
+    initial centres: the workers' C^T layouts from the compact pack (densified
+    first, as before, vs straight from the CSR), the driver's means (copy of
+    the centres then in place, as before, vs written into the new buffer), and
+    one pack out + combined sums back through the scheduler vs directly.
+    """
+    import numpy as np
+    from distributed import Client, LocalCluster
+
+    from qkm._data import KMeansData
+    from qkm._reduce import means_from_csr_sums
+    from qkm._shards import load_shard, read_manifest
+    from qkm.distributed import _packs
+    from qkm.factorization._kernels import centroid_sq_norms
+    from qkm.operator import DenseOperator
+
+    X, _ = load_shard(read_manifest(directory), 0, verify=False)
+    data = KMeansData(X)
+    C = np.ascontiguousarray(np.load(init), dtype=np.float64)
+    labels, partial = np.empty(X.shape[0], dtype=np.int32), np.empty(X.shape[0])
+    data.assign(DenseOperator(C), labels, partial)
+    counts, sums = data.cluster_sums(labels, C.shape[0])
+    C_new, shift = np.empty_like(C), np.empty(C.shape[0])
+    means_from_csr_sums(sums.indptr, sums.indices, sums.data, counts, C, C_new, shift)
+    pack = _packs.compact_pack((C_new, centroid_sq_norms(C_new)))
+
+    def layouts_before():
+        op = DenseOperator(_packs._unpack(pack)[0], pack[1])
+        op.column_nnz()
+        op.sparse_transpose()
+
+    def layouts_after():
+        op = _packs._SharedCSROperator(pack[0], pack[1])
+        op.column_nnz()
+        op.sparse_transpose()
+
+    out_old, out_new, sh = np.empty_like(C), np.empty_like(C), np.empty(C.shape[0])
+
+    def means_before():
+        np.copyto(out_old, C)
+        means_from_csr_sums(sums.indptr, sums.indices, sums.data, counts, out_old, out_old, sh)
+
+    def means_after():
+        means_from_csr_sums(sums.indptr, sums.indices, sums.data, counts, C, out_new, sh)
+
+    cases = {"worker C^T layouts from the pack": (layouts_before, layouts_after),
+             "driver means from the CSR sums": (means_before, means_after)}
+    times = {name: ([], []) for name in cases}
+    for _ in range(reps):
+        for name, fns in cases.items():
+            for i, fn in enumerate(fns):
+                t0 = time.perf_counter()
+                fn()
+                times[name][i].append(time.perf_counter() - t0)
+    means_before()
+    means_after()
+    assert np.array_equal(out_old, out_new)
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=None,
+                      worker_dashboard_address=None) as cluster, Client(cluster) as client:
+        name = "pack out + sums back (a task between)"
+        times[name] = ([], [])
+        for _ in range(reps):
+            for i, direct in enumerate((False, True)):
+                t0 = time.perf_counter()
+                f = client.scatter([pack], hash=False, direct=direct)[0]
+                g = client.submit(_sums_like, f, sums, pure=False)
+                client.gather(g, direct=direct)
+                times[name][i].append(time.perf_counter() - t0)
+    return {name: {"before": statistics.median(a), "after": statistics.median(b), "reps": reps}
+            for name, (a, b) in times.items()}
+
+
+def _sums_like(pack, sums):
+    return sums.copy()
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--cache-dir", default=str(DB.TS.CACHE_DIR))
@@ -189,6 +277,8 @@ def main():
     p.add_argument("--out", default=str(BENCH_DIR / "results" / "distributed_phases"))
     p.add_argument("--ref-src", help="A/B: the source tree of another qkm version (e.g. `git archive REV qkm | "
                    "tar -x -C DIR`); configs named ref-dask-1w, ref-dask-2w run with it on PYTHONPATH")
+    p.add_argument("--micro", type=int, default=0, metavar="REPS",
+                   help="also time the serial parts before/after this change in one process (REPS interleaved)")
     p.add_argument("--run", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.run:
@@ -209,6 +299,14 @@ def main():
     import qkm
 
     meta.update(qkm=qkm.__version__, dask=dask.__version__)
+    micro_results = {}
+    if args.micro:
+        load0 = DB.uptime_load()
+        micro_results = micro(args, directory, inits[f"{name}:{args.k}"], args.micro)
+        micro_results["load"] = {"before": load0, "after": DB.uptime_load()}
+        meta["micro"] = micro_results
+        print(json.dumps(micro_results), flush=True)
+    text = summarise(results, meta)
     for rnd in range(args.rounds):
         order = configs[rnd % len(configs):] + configs[:rnd % len(configs)]
         for config in order:
@@ -228,11 +326,16 @@ def main():
                 raise SystemExit(f"{config} failed")
             results.append(json.loads(line[-1][7:]))
             print(f"    {results[-1]['seconds_per_iter']:.3f} s/iter", flush=True)
-            text = summarise(results, meta)
-            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-            DB.TS.write_text_atomic(args.out + ".json", json.dumps({"meta": meta, "results": results}, indent=1))
-            DB.TS.write_text_atomic(args.out + ".md", text)
-    print(text)
+            text = save(args, meta, results)
+    print(save(args, meta, results))
+
+
+def save(args, meta, results):
+    text = summarise(results, meta)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    DB.TS.write_text_atomic(args.out + ".json", json.dumps({"meta": meta, "results": results}, indent=1))
+    DB.TS.write_text_atomic(args.out + ".md", text)
+    return text
 
 
 if __name__ == "__main__":

@@ -68,6 +68,12 @@ class ShardedData:
         numba threads of each shard task.
     max_retries : int, default=3
         Times an iteration is run again after a worker was lost.
+    direct_to_workers : bool, default=None
+        Send the centres to, and fetch the combined sums from, the workers
+        directly instead of through the scheduler (one hop less each way,
+        as Dask's ``Client(direct_to_workers=True)``). ``None``: the client's
+        ``direct_to_workers`` if set, else True. Set False when the workers
+        are not reachable from this process.
 
     Attributes
     ----------
@@ -76,7 +82,7 @@ class ShardedData:
     """
 
     def __init__(self, path, client=None, *, verify=True, init_sample_size=100_000, threads_per_task=1,
-                 max_retries=3):
+                 max_retries=3, direct_to_workers=None):
         if client is None:
             from distributed import get_client
 
@@ -87,6 +93,9 @@ class ShardedData:
         self.init_sample_size = int(init_sample_size)
         self.threads_per_task = int(threads_per_task)
         self.max_retries = int(max_retries)
+        if direct_to_workers is None:
+            direct_to_workers = getattr(client, "direct_to_workers", None)
+        self.direct = True if direct_to_workers is None else bool(direct_to_workers)
         sizes = [int(e["n_rows"]) for e in m["shards"]]
         check_layout(sizes, _config.REDUCE_BLOCK_ROWS)
         self.n_rows, self.n_features, self.nnz = int(m["n_rows"]), int(m["n_features"]), int(m["nnz"])
@@ -166,7 +175,11 @@ class ShardedData:
                 obj = T.compact_pack(obj)
         self._sent += sum(T._nbytes(a) for a in (obj if isinstance(obj, tuple) else (obj,)))
         with self.timeline.phase("scatter"):
-            return self.client.scatter([obj], hash=False)[0]
+            return self.client.scatter([obj], hash=False, direct=self.direct)[0]
+
+    def gather(self, futures):
+        """``client.gather`` straight from the workers unless ``direct_to_workers=False``."""
+        return self.client.gather(futures, direct=self.direct)
 
     def _submit_each(self, fn, *args, **kwargs):
         """``fn(shard, ...)`` on every shard, pinned to the worker holding it and its state (no work stealing:
@@ -206,7 +219,7 @@ class ShardedData:
         with tl.phase("wait"):
             self._wait([values[0]])
         with tl.phase("result"):
-            out = values[0].result()
+            out = self.gather(values[0])
         tl.add(out.events)
         self._received += out.nbytes
         return out
@@ -214,7 +227,7 @@ class ShardedData:
     def gather_each(self, fn, *args):
         futures = self._submit_each(fn, *args)
         self._wait(futures)
-        out = self.client.gather(futures)
+        out = self.gather(futures)
         self._received += sum(T._nbytes(a) for r in out for a in (r if isinstance(r, tuple) else (r,)))
         return out
 
@@ -235,9 +248,9 @@ class ShardedData:
             self._wait([fut])
             if sparse:
                 picks.append(pick)
-                parts.append(fut.result())
+                parts.append(self.gather(fut))
             else:
-                out[pick] = fut.result()
+                out[pick] = self.gather(fut)
         if sparse:  # the shards' rows back in the given order
             position = np.empty(len(global_rows), dtype=np.int64)
             position[np.concatenate(picks)] = np.arange(len(global_rows))

@@ -84,13 +84,13 @@ def _map_chunks(sd, key):
                 shipped.append(a)
             else:
                 sent += sum(T._nbytes(v) for v in getattr(a, "__dict__", {"a": a}).values())
-                shipped.append(sd.client.scatter(a, hash=False))
+                shipped.append(sd.client.scatter(a, hash=False, direct=sd.direct))
         sd._sent += sent
         tasks = [sd.client.submit(kmpar_call, futures[r.position], key, fn, *shipped,
                                   workers=[sd.owners[r.position]], allow_other_workers=False, pure=False)
                  for r in refs]
         sd._wait(tasks)
-        out = sd.client.gather(tasks)
+        out = sd.gather(tasks)
         received = sum(T._nbytes(o) for o in out)
         sd._received += received
         sd.seeding_steps.append({"step": getattr(fn, "__name__", str(fn)), "sent_bytes": sent,
@@ -134,7 +134,7 @@ def _sample(sd, rng):
                               allow_other_workers=False, pure=False)
              for f, c, i, w in zip(futures, counts, sd.shards, sd.owners) if c > 0]
     sd._wait(parts)
-    return _stack(sd.client.gather(parts))
+    return _stack(sd.gather(parts))
 
 
 def _random_rows(sd, n_clusters, rng, sparse=False):

@@ -5,7 +5,7 @@ seconds (``time.time()``, comparable between the processes of one machine).
 The shard tasks return theirs with their partial results (the combine adds
 its own); the driver keeps its own and those of every round in
 :attr:`ShardedData.timeline <qkm.distributed.ShardedData>`. Nothing here
-changes a result: the events are read only by :func:`summarise_round`.
+changes a result (``benchmarks/distributed_phases.py`` reads the events).
 """
 
 import contextlib
@@ -13,7 +13,7 @@ import os
 import threading
 import time
 
-__all__ = ["Timeline", "summarise_round", "task_timeline", "nested_phase"]
+__all__ = ["Timeline", "task_timeline", "nested_phase"]
 
 _LOCAL = threading.local()  # the timeline of the shard task running in this thread
 
@@ -66,23 +66,3 @@ def nested_phase(name):
     with tl.phase(name):
         yield
 
-
-def summarise_round(events, driver_pid):
-    """Seconds per phase of one round: ``{"driver": {...}, "workers": {pid: {...}}}`` plus the round's span.
-
-    Worker phases are summed per process; ``busy`` is their total and
-    ``idle`` the rest of the driver's wall time of the round (waiting for
-    inputs, task hand-offs, or for the driver).
-    """
-    if not events:
-        return {}
-    t0 = min(e[3] for e in events)
-    t1 = max(e[4] for e in events)
-    driver, workers = {}, {}
-    for pid, _shard, name, a, b in events:
-        table = driver if pid == driver_pid else workers.setdefault(pid, {})
-        table[name] = table.get(name, 0.0) + (b - a)
-    for table in workers.values():
-        table["busy"] = sum(v for k, v in table.items() if "/" not in k)
-        table["idle"] = (t1 - t0) - table["busy"]
-    return {"span": t1 - t0, "driver": driver, "workers": workers}
