@@ -100,7 +100,8 @@ def run_config(spec):
         sd = ShardedData(spec["directory"], client)
         DB.make_estimator(warm_up, C0, 1).fit(sd)
         km = DB.make_estimator(algorithm, C0, spec["iters"], None, spec.get("palm_warm_iter", 2)).fit(sd)
-        rounds = sd.rounds[1:] if algorithm == "qkmeans" else sd.rounds  # QK-means: round 0 = the seeds' factorisation
+        rounds = list(sd.rounds)
+        rounds = rounds[1:] if algorithm == "qkmeans" else rounds  # QK-means: round 0 = the seeds' factorisation
         if algorithm == "qkmeans":  # the last iteration's means and refit end with the fit, not at an assignment
             rounds = rounds[:spec["iters"] - 1]
         its = [iteration_phases(a, b, ev, os.getpid()) for a, b, ev in rounds]

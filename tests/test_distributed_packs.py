@@ -1,7 +1,7 @@
 """qkm.distributed._packs: the operator a worker builds from a compact (CSR) pack is the dense one, bit for bit.
 
 Oracle: :class:`qkm.operator.DenseOperator` on the dense centres (its C^T layouts and its assignment with each
-layout forced). No Dask needed: the packs are plain objects.
+layout forced). No Dask needed: the packs are plain objects. Also the phase timeline of the shard tasks.
 """
 
 import numpy as np
@@ -9,7 +9,7 @@ import pytest
 import scipy.sparse as sp
 
 from qkm._data import KMeansData
-from qkm.distributed import _packs
+from qkm.distributed import _packs, _timeline
 from qkm.factorization._kernels import centroid_sq_norms
 from qkm.operator import DenseOperator
 
@@ -52,3 +52,17 @@ def test_compact_pack_operator_assigns_as_the_dense_one(centres, storage):
         out.append((labels, partial))
     np.testing.assert_array_equal(out[0][0], out[1][0])
     np.testing.assert_array_equal(out[0][1], out[1][1])
+
+
+def test_timeline_nests_inside_a_task_only_and_stays_bounded(monkeypatch):
+    with _timeline.nested_phase("assign/transpose"):  # no task: nothing recorded, no error
+        pass
+    with _timeline.task_timeline() as tl:
+        with tl.phase("assign", 3), _timeline.nested_phase("assign/transpose"):
+            pass
+    assert [(e[1], e[2]) for e in tl.events] == [(-1, "assign/transpose"), (3, "assign")]
+    assert all(e[3] <= e[4] for e in tl.events)
+    monkeypatch.setattr(_timeline.Timeline, "MAX_EVENTS", 10)
+    tl = _timeline.Timeline()
+    tl.add([(0, i, "sums", 0.0, 1.0) for i in range(25)])
+    assert len(tl.events) <= 10 and tl.events[-1][1] == 24  # the newest kept

@@ -23,6 +23,7 @@ shard), so labels, centres and inertia are those of ``KMeans.fit`` on the
 whole data in memory, for any number of workers.
 """
 
+import collections
 import itertools
 import time
 import uuid
@@ -79,7 +80,13 @@ class ShardedData:
     ----------
     manifest : dict
     shape : tuple of int
+    rounds : collections.deque
+        Per iteration of the last fit (the last ``ROUNDS_KEPT``): ``(start, end, events)``, each event
+        ``(process id, shard or -1, phase, start, end)`` in wall-clock seconds, from the driver and the shard
+        tasks (diagnostics; ``benchmarks/distributed_phases.py`` tabulates them).
     """
+
+    ROUNDS_KEPT = 50
 
     def __init__(self, path, client=None, *, verify=True, init_sample_size=100_000, threads_per_task=1,
                  max_retries=3, direct_to_workers=None):
@@ -114,7 +121,7 @@ class ShardedData:
         self.buffers = T.BufferRing()  # the driver's K x D arrays, reused across iterations
         self.poll_seconds = 1.0
         self.timeline = Timeline()  # phases of the driver and of the shard tasks (diagnostics)
-        self.rounds = []  # the phases of each iteration of the last fit (:meth:`end_round`)
+        self.rounds = collections.deque(maxlen=self.ROUNDS_KEPT)  # phases of the last fit's iterations
         self.seeding_steps = []  # bytes sent and received by each step of the last k-means|| seeding
 
     # ------------------------------------------------------------------ #
@@ -287,11 +294,12 @@ class ShardedData:
     def reset_traffic(self):
         self._sent = self._received = 0
         self.timeline.take()
-        self.rounds = []
+        self.rounds.clear()
         self._round_start = time.time()
 
     def end_round(self):
-        """Keep the phases recorded since the last call as one iteration's: ``(start, end, events)``."""
+        """Keep the phases recorded since the last call as one iteration's: ``(start, end, events)`` (the last
+        :attr:`ROUNDS_KEPT` iterations only: their events grow with the number of shards)."""
         now = time.time()
         self.rounds.append((getattr(self, "_round_start", now), now, self.timeline.take()))
         self._round_start = now

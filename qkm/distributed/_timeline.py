@@ -3,8 +3,8 @@
 A phase is one event ``(process id, shard, name, start, end)`` with wall-clock
 seconds (``time.time()``, comparable between the processes of one machine).
 The shard tasks return theirs with their partial results (the combine adds
-its own); the driver keeps its own and those of every round in
-:attr:`ShardedData.timeline <qkm.distributed.ShardedData>`. Nothing here
+its own); the driver keeps its own and those of every iteration in
+:attr:`ShardedData.rounds <qkm.distributed.ShardedData>`. Nothing here
 changes a result (``benchmarks/distributed_phases.py`` reads the events).
 """
 
@@ -21,9 +21,15 @@ _LOCAL = threading.local()  # the timeline of the shard task running in this thr
 class Timeline:
     """Events of one process; ``phase(name)`` records the wall-clock time of a ``with`` block."""
 
+    MAX_EVENTS = 100_000  # older events are dropped past this (rounds nobody took)
+
     def __init__(self, enabled=True):
         self.enabled = enabled
         self.events = []
+
+    def _trim(self):
+        if len(self.events) > self.MAX_EVENTS:
+            del self.events[:len(self.events) - self.MAX_EVENTS // 2]
 
     @contextlib.contextmanager
     def phase(self, name, shard=-1):
@@ -35,10 +41,12 @@ class Timeline:
             yield
         finally:
             self.events.append((os.getpid(), int(shard), name, t0, time.time()))
+            self._trim()
 
     def add(self, events):
         if self.enabled:
             self.events.extend(events)
+            self._trim()
 
     def take(self):
         out, self.events = self.events, []
