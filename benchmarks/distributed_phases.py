@@ -106,9 +106,7 @@ def run_config(spec):
             rounds = rounds[:spec["iters"] - 1]
         its = [iteration_phases(a, b, ev, os.getpid()) for a, b, ev in rounds]
         sd.close()
-    import qkm
-
-    out = {"config": spec["config"], "qkm_source": str(Path(qkm.__file__).parent.parent), "algorithm": algorithm, "iterations": its, "inertia": float(km.inertia_),
+    out = {"config": spec["config"], "algorithm": algorithm, "iterations": its, "inertia": float(km.inertia_),
            "seconds_per_iter": DB.timings(algorithm, km)[0]["seconds_per_iter"],
            "load": dict(load, after=DB.uptime_load())}
     print("RESULT " + json.dumps(out), flush=True)
