@@ -305,7 +305,6 @@ def main():
         micro_results["load"] = {"before": load0, "after": DB.uptime_load()}
         meta["micro"] = micro_results
         print(json.dumps(micro_results), flush=True)
-    text = summarise(results, meta)
     for rnd in range(args.rounds):
         order = configs[rnd % len(configs):] + configs[:rnd % len(configs)]
         for config in order:
@@ -325,7 +324,7 @@ def main():
                 raise SystemExit(f"{config} failed")
             results.append(json.loads(line[-1][7:]))
             print(f"    {results[-1]['seconds_per_iter']:.3f} s/iter", flush=True)
-            text = save(args, meta, results)
+            save(args, meta, results)  # after every configuration: a partial run still leaves results
     print(save(args, meta, results))
 
 
