@@ -97,13 +97,15 @@ def _run_grouped(scan, finish, grp_ptr, n_q, n_threads):
     ``finish(i0, i1)`` over chunks of ``BATCH_CHUNK`` queries (threads take them in turn; same answers)."""
     L = grp_ptr.shape[0] - 1
     if n_threads <= 1:
-        scan(0, L)
+        if scan is not None:
+            scan(0, L)
         finish(0, n_q)
         return
     parts = max(1, min(n_threads, L))
     cuts = np.searchsorted(grp_ptr, np.linspace(0, grp_ptr[-1], parts + 1)[1:-1])
     with ThreadPoolExecutor(max_workers=n_threads) as pool:
-        list(pool.map(lambda b: scan(*b), zip([0, *cuts], [*cuts, L])))
+        if scan is not None:
+            list(pool.map(lambda b: scan(*b), zip([0, *cuts], [*cuts, L])))
         list(pool.map(lambda b: finish(*b), [(s, min(s + BATCH_CHUNK, n_q)) for s in range(0, n_q, BATCH_CHUNK)]))
 
 
@@ -183,6 +185,12 @@ class InvertedLists:
         other = sum(a.nbytes for a in (self.mean, self.basis, self.ix[3], self.ix[4], self.sizes, self.offsets,
                                        self.row_ids))
         return {"rows": int(rows), "coordinates": int(coords), "other": int(other)}
+
+    def _most_probed(self, nprobe, k):
+        """Most lists a query can probe: ``nprobe``, widened until any that many non-empty lists hold ``k`` rows."""
+        sizes = np.sort(self.sizes[self.sizes > 0])
+        widened = int(np.searchsorted(np.cumsum(sizes), k)) + 1
+        return max(1, min(max(int(nprobe), widened), sizes.shape[0]))
 
     def _capacity(self, nprobe, k):
         """Most rows the probed lists can hold (the kernels' buffer size)."""
@@ -353,19 +361,28 @@ class InvertedLists:
         if self.sparse or self.store != "float32":
             raise ValueError("the pre-filtered batch path needs dense rows and store='float32'.")
         n_q = X.shape[0]
-        out_d, out_i, Q, plan = self._grouped_plan(X, k, nprobe, given, n_threads)
-        if plan is None:
+        out_d = np.empty((n_q, k))
+        out_i = np.empty((n_q, k), dtype=np.int64)
+        if n_q == 0:
             return out_d, out_i
-        base, grp_ptr, grp_q, grp_slot = plan
+        Q = self._queries(X)[0]
         h = self.head_dims
+        zh, nq = np.empty((n_q, h)), np.empty(n_q)
+        chosen = np.empty((n_q, self._most_probed(nprobe, k)), dtype=np.int64)
+        n_chosen = np.empty(n_q, dtype=np.int64)
+        given = _NO_GIVEN if given is None else np.ascontiguousarray(given, dtype=np.float64)
+        own, ix = self.own, self.ix
+
+        def probe(i0, i1):
+            SP.probe_batch(i0, i1, Q, ix, given, own, int(nprobe), int(k), zh, nq, chosen, n_chosen)
+
+        _run_grouped(None, probe, np.zeros(2, dtype=np.int64), n_q, n_threads)
+        base, grp_ptr, grp_q, grp_slot = SB.group(chosen, n_chosen, self.sizes)
         with np.errstate(invalid="ignore", over="ignore"):
-            Z = coordinates(Q, self.mean, self.basis)
-            A = Q - self.mean
-            nq = np.einsum("ij,ij->i", A, A)
-            U = Z.astype(np.float32)
-            un = np.einsum("ij,ij->i", U, U, dtype=np.float64)
-            rq = np.sqrt(np.maximum(nq - np.einsum("ij,ij->i", Z, Z), 0.0))
-        Uh, Ut = np.ascontiguousarray(U[:, :h]), np.ascontiguousarray(U[:, h:])
+            Zt = coordinates(Q, self.mean, self.basis, h)
+            Uh, Ut = zh.astype(np.float32), Zt.astype(np.float32)
+            un = np.einsum("ij,ij->i", Uh, Uh, dtype=np.float64) + np.einsum("ij,ij->i", Ut, Ut, dtype=np.float64)
+            rq = np.sqrt(np.maximum(nq - np.einsum("ij,ij->i", zh, zh) - np.einsum("ij,ij->i", Zt, Zt), 0.0))
         zn, znmax = self._coordinate_norms()
         resid = self.ix[9]
         ry = np.ascontiguousarray(resid[:, resid.shape[1] - 1])
@@ -375,7 +392,6 @@ class InvertedLists:
         bounds = np.empty(base[-1])
         pos = np.empty(base[-1], dtype=np.int64)
         most = int(np.diff(base).max())
-        ix = self.ix
 
         def scan(c0, c1):
             with one_blas_thread():  # small products per list: BLAS threads would only wait for each other

@@ -183,3 +183,40 @@ def probe_distances(Q, qdata, qind, qptr, sparse, ix, out):  # OUT out (n_q, L) 
                 _project(Q[i], mean, basis, shift, h, z, xq, nz)
             _codes(z, codec, h, u)
             _center_distances(u, codec, centers_t, pd32, out[i])
+
+
+@njit(**_JIT)
+def probe_batch(i0, i1, Q, ix, given, own, nprobe, k, zh, nq, chosen, n_chosen):
+    """Lists probed by the dense queries ``i0 <= i < i1`` of a batch, chosen as :func:`_select_lists` does for one.
+
+    IN ``Q`` (n_q, D) float64; ``given`` (n_q, L): the lists' distances
+    when not ``own``. OUT ``zh`` (n_q, h): the head coordinates (as the
+    search kernel projects them), ``nq``: ``||q - mean||^2``, ``chosen``
+    (n_q, >= the most lists probed) and ``n_chosen``: the probed lists,
+    nearest first (none for a query that is not finite).
+    """
+    mean, basis, shift, codec, centers_t, sizes = ix[:6]
+    h = zh.shape[1]
+    L = sizes.shape[0]
+    D = basis.shape[0]
+    z = np.empty(h)
+    xq = np.empty(D)
+    nz = np.empty(D, dtype=np.int64)
+    u = np.empty(h, dtype=np.float32)
+    pd32 = np.empty(L, dtype=np.float32)
+    pd = np.empty(L)
+    probe = np.empty(L, dtype=np.int64)
+    for i in range(i0, i1):
+        nq[i] = _project(Q[i], mean, basis, shift, h, z, xq, nz)
+        zh[i] = z
+        if not np.isfinite(nq[i]):
+            n_chosen[i] = 0
+            continue
+        if own:
+            _codes(z, codec, h, u)
+            _center_distances(u, codec, centers_t, pd32, pd)
+            p = _select_lists(pd, sizes, nprobe, k, probe)
+        else:
+            p = _select_lists(given[i], sizes, nprobe, k, probe)
+        n_chosen[i] = p
+        chosen[i, :p] = probe[:p]
