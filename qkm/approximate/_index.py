@@ -389,8 +389,10 @@ class InvertedLists:
         terms = self.n_coords + 4
         unit = np.finfo(np.float32).eps / 2
         err = 2.0 * terms * unit / (1.0 - terms * unit) * (un + znmax) * 1.0001
-        bounds = np.empty(base[-1])
-        pos = np.empty(base[-1], dtype=np.int64)
+        # the bounds are kept in float32: |b| <= 2 (||u||^2 + max ||y||^2) + r_q^2 + max r_y^2, rounded by 2^-24 |b|
+        err += 2.0 ** -23 * (2.0 * (un + znmax) + nq + self.nmax)
+        bounds = np.empty(base[-1], dtype=np.float32)
+        pos = np.empty(base[-1], dtype=np.int32 if self.row_ids.shape[0] < 2 ** 31 else np.int64)
         most = int(np.diff(base).max())
 
         def scan(c0, c1):

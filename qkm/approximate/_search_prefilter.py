@@ -71,7 +71,7 @@ def bound_lists(c0, c1, Uh, Ut, un, rq, head_t, tail, yn, ry, offsets, grp_ptr, 
             rqq = rq[q]
             for r in range(n_c):
                 e = rqq - np.float64(ry[lo + r])
-                bounds[s0 + r] = uq + yn[lo + r] - 2.0 * np.float64(dots[j, r]) + e * e
+                bounds[s0 + r] = np.float32(uq + yn[lo + r] - 2.0 * np.float64(dots[j, r]) + e * e)
                 pos[s0 + r] = lo + r
 
 
@@ -105,7 +105,7 @@ def finish(i0, i1, Q, nq, err, nmax, base, bounds, pos, cand, rows, row_ids, out
         xq = Q[i]
         for t in range(n_first):
             for j in range(0, rows.shape[1], 64 // rows.itemsize):
-                _prefetch(rows, p_of[first[t]], j)
+                _prefetch(rows, np.int64(p_of[first[t]]), j)
         for t in range(n_first):
             s = first[t]
             d = _exact_dense(xq, rows[p_of[s]], acc, od[k - 1])
@@ -121,10 +121,10 @@ def finish(i0, i1, Q, nq, err, nmax, base, bounds, pos, cand, rows, row_ids, out
                 n_c += 1
         for t in range(min(n_c, ROW_PREFETCH_AHEAD)):
             for j in range(0, rows.shape[1], 64 // rows.itemsize):
-                _prefetch(rows, p_of[cand[t]], j)
+                _prefetch(rows, np.int64(p_of[cand[t]]), j)
         for t in range(n_c):
             if t + ROW_PREFETCH_AHEAD < n_c:
-                row = p_of[cand[t + ROW_PREFETCH_AHEAD]]
+                row = np.int64(p_of[cand[t + ROW_PREFETCH_AHEAD]])
                 for j in range(0, rows.shape[1], 64 // rows.itemsize):
                     _prefetch(rows, row, j)
             kth = od[k - 1]
