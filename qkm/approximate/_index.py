@@ -152,10 +152,10 @@ class InvertedLists:
         resid = np.sqrt(np.maximum(ny[:, None] - (cum[:, np.array(levels) - 1] if m else 0.0), 0.0))
         codec, encode = coordinate_codec(Z, store)
         S = encode(Z)
-        head_t = np.zeros(n * h + SK.HEAD_PAD, dtype=S.dtype)  # spare entries: the kernels read whole vectors
+        coords_t = np.zeros(n * m + SK.HEAD_PAD, dtype=S.dtype)  # spare entries: the kernels read whole vectors
         for c in range(n_lists):
             lo, hi = offsets[c], offsets[c + 1]
-            head_t[h * lo:h * hi] = S[lo:hi, :h].T.ravel()
+            coords_t[m * lo:m * hi] = S[lo:hi].T.ravel()
         self.rows, self.row_ids, self.sizes, self.offsets = rows, order, sizes, offsets
         self.mean, self.basis, self.store = mean, basis, store
         self.centers = centers
@@ -167,7 +167,7 @@ class InvertedLists:
         else:
             dense, data, indices, indptr = rows, np.zeros(0, dtype=rows.dtype), _EMPTY_I32, _ZERO_PTR
         shift = np.asarray(basis, dtype=np.float64).T @ mean
-        self.ix = (mean, basis, shift, codec, centers_t, sizes, offsets, head_t, tail, resid.astype(np.float32), dense,
+        self.ix = (mean, basis, shift, codec, centers_t, sizes, offsets, coords_t, tail, resid.astype(np.float32), dense,
                    data, indices, indptr.astype(np.int64), order)
         self._top_sizes = np.cumsum(np.sort(sizes)[::-1])
         self._caps = {}
@@ -340,13 +340,13 @@ class InvertedLists:
     def _coordinate_norms(self):
         """``||y||^2`` of the rows' stored coordinates (list order, float64) and their maximum, computed once."""
         if getattr(self, "_zn", None) is None:
-            h, n = self.head_dims, self.row_ids.shape[0]
-            head_t, tail = self.ix[7], self.ix[8]
-            zn = np.einsum("ij,ij->i", tail, tail, dtype=np.float64) if tail.shape[1] else np.zeros(n)
+            m, n = self.n_coords, self.row_ids.shape[0]
+            coords_t = self.ix[7]
+            zn = np.zeros(n)
             for c in range(self.n_lists):
                 lo, hi = self.offsets[c], self.offsets[c + 1]
-                H = head_t[h * lo:h * hi].reshape(h, hi - lo)
-                zn[lo:hi] += np.einsum("ij,ij->j", H, H, dtype=np.float64)
+                Y = coords_t[m * lo:m * hi].reshape(m, hi - lo)
+                zn[lo:hi] = np.einsum("ij,ij->j", Y, Y, dtype=np.float64)
             self._zn, self._znmax = zn, float(zn.max()) if n else 0.0
         return self._zn, self._znmax
 
@@ -380,8 +380,9 @@ class InvertedLists:
         base, grp_ptr, grp_q, grp_slot = SB.group(chosen, n_chosen, self.sizes)
         with np.errstate(invalid="ignore", over="ignore"):
             Zt = coordinates(Q, self.mean, self.basis, h)
-            Uh, Ut = zh.astype(np.float32), Zt.astype(np.float32)
-            un = np.einsum("ij,ij->i", Uh, Uh, dtype=np.float64) + np.einsum("ij,ij->i", Ut, Ut, dtype=np.float64)
+            U = np.empty((n_q, self.n_coords), dtype=np.float32)
+            U[:, :h], U[:, h:] = zh, Zt
+            un = np.einsum("ij,ij->i", U, U, dtype=np.float64)
             rq = np.sqrt(np.maximum(nq - np.einsum("ij,ij->i", zh, zh) - np.einsum("ij,ij->i", Zt, Zt), 0.0))
         zn, znmax = self._coordinate_norms()
         resid = self.ix[9]
@@ -397,8 +398,7 @@ class InvertedLists:
 
         def scan(c0, c1):
             with one_blas_thread():  # small products per list: BLAS threads would only wait for each other
-                SF.bound_lists(c0, c1, Uh, Ut, un, rq, ix[7], ix[8], zn, ry, self.offsets, grp_ptr, grp_q, grp_slot,
-                               bounds, pos)
+                SF.bound_lists(c0, c1, U, un, rq, ix[7], zn, ry, self.offsets, grp_ptr, grp_q, grp_slot, bounds, pos)
 
         def finish(i0, i1):
             SF.finish(i0, i1, Q, nq, err, self.nmax, base, bounds, pos, np.empty(most, dtype=np.int64), self.rows,

@@ -32,25 +32,23 @@ ROW_PREFETCH_AHEAD = 1
 
 
 @njit(**_JIT)
-def bound_lists(c0, c1, Uh, Ut, un, rq, head_t, tail, yn, ry, offsets, grp_ptr, grp_q, grp_slot, bounds, pos):
+def bound_lists(c0, c1, U, un, rq, coords_t, yn, ry, offsets, grp_ptr, grp_q, grp_slot, bounds, pos):
     """Lower bounds of the grouped queries' distances to the rows of lists ``c0 <= c < c1`` (squared).
 
-    IN ``Uh`` (n_q, h), ``Ut`` (n_q, m - h) float32: the queries'
-    coordinates; ``un`` (n_q,): ``||u||^2``; ``rq`` (n_q,): the queries' norms
-    beyond the ``m`` coordinates; ``head_t`` / ``tail``: the rows' stored
-    coordinates (layout of :mod:`qkm.approximate._search_kernels`); ``yn``
-    (n,): their ``||y||^2``; ``ry`` (n,) float32: the rows' norms beyond them.
-    OUT ``bounds`` (float64), ``pos`` (row positions) at the slots of
-    :func:`qkm.approximate._search_batch.plan`. Two BLAS products per list
-    (run it with one BLAS thread: the products are small).
+    IN ``U`` (n_q, m) float32: the queries' coordinates; ``un`` (n_q,):
+    ``||u||^2``; ``rq`` (n_q,): the queries' norms beyond the ``m``
+    coordinates; ``coords_t``: the rows' stored coordinates (layout of
+    :mod:`qkm.approximate._search_kernels`: each list an (m, n_c) block);
+    ``yn`` (n,): their ``||y||^2``; ``ry`` (n,) float32: the rows' norms
+    beyond them. OUT ``bounds`` (float32), ``pos`` (row positions) at the
+    slots of :func:`qkm.approximate._search_batch.group`. One BLAS product
+    per list (run it with one BLAS thread: the products are small).
     """
-    h = Uh.shape[1]
-    mt = Ut.shape[1]
+    m = U.shape[1]
     most = 0
     for c in range(c0, c1):
         most = max(most, grp_ptr[c + 1] - grp_ptr[c])
-    Gh = np.empty((max(most, 1), h), dtype=np.float32)
-    Gt = np.empty((max(most, 1), mt), dtype=np.float32)
+    G = np.empty((max(most, 1), m), dtype=np.float32)
     for c in range(c0, c1):
         g0 = grp_ptr[c]
         g = grp_ptr[c + 1] - g0
@@ -59,11 +57,8 @@ def bound_lists(c0, c1, Uh, Ut, un, rq, head_t, tail, yn, ry, offsets, grp_ptr, 
         if g == 0 or n_c == 0:
             continue
         for j in range(g):
-            Gh[j] = Uh[grp_q[g0 + j]]
-            Gt[j] = Ut[grp_q[g0 + j]]
-        dots = np.dot(Gh[:g], head_t[h * lo:h * (lo + n_c)].reshape((h, n_c)))
-        if mt > 0:
-            dots += np.dot(Gt[:g], tail[lo:lo + n_c].T)
+            G[j] = U[grp_q[g0 + j]]
+        dots = np.dot(G[:g], coords_t[m * lo:m * (lo + n_c)].reshape((m, n_c)))
         for j in range(g):
             q = grp_q[g0 + j]
             s0 = grp_slot[g0 + j]
