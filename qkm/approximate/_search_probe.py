@@ -94,13 +94,27 @@ def _center_distances(u, codec, centers_t, pd32, pd):  # IN u (>= h,), centers_t
     h, L = centers_t.shape
     for c in range(L):
         pd32[c] = 0.0
-    for j in range(h):
+    j = 0
+    while j + 2 <= h:  # two coordinates per pass over the lists (the same additions, in the same order)
+        u0 = u[j]
+        u1 = u[j + 1]
+        w0 = codec[j, 2]
+        w1 = codec[j + 1, 2]
+        col0 = centers_t[j]
+        col1 = centers_t[j + 1]
+        for c in range(L):
+            t0 = u0 - np.float32(col0[c])
+            t1 = u1 - np.float32(col1[c])
+            pd32[c] = (pd32[c] + w0 * (t0 * t0)) + w1 * (t1 * t1)
+        j += 2
+    while j < h:
         uj = u[j]
         wj = codec[j, 2]
         col = centers_t[j]
         for c in range(L):
             t = uj - np.float32(col[c])
             pd32[c] += wj * (t * t)
+        j += 1
     for c in range(L):
         pd[c] = pd32[c]
 
