@@ -350,6 +350,26 @@ class InvertedLists:
             self._zn, self._znmax = zn, float(zn.max()) if n else 0.0
         return self._zn, self._znmax
 
+    def batch_probe(self, Q, k, nprobe, given=None, n_threads=1):
+        """The lists probed by dense float64 queries ``Q``, chosen by the single-query path's code.
+
+        Returns ``(zh, nq, chosen, n_chosen)``: the head coordinates (n_q, h),
+        ``||q - mean||^2``, and query ``i``'s lists ``chosen[i, :n_chosen[i]]``,
+        nearest first (none for a query that is not finite).
+        """
+        n_q = Q.shape[0]
+        zh, nq = np.empty((n_q, self.head_dims)), np.empty(n_q)
+        chosen = np.empty((n_q, self._most_probed(nprobe, k)), dtype=np.int64)
+        n_chosen = np.empty(n_q, dtype=np.int64)
+        given = _NO_GIVEN if given is None else np.ascontiguousarray(given, dtype=np.float64)
+        own, ix = self.own, self.ix
+
+        def probe(i0, i1):
+            SP.probe_batch(i0, i1, Q, ix, given, own, int(nprobe), int(k), zh, nq, chosen, n_chosen)
+
+        _run_grouped(None, probe, np.zeros(2, dtype=np.int64), n_q, n_threads)
+        return zh, nq, chosen, n_chosen
+
     def search_prefiltered(self, X, k, nprobe, given=None, n_threads=1):
         """``search`` by the pre-filtered batch path (dense rows, float32 coordinates).
 
@@ -367,17 +387,9 @@ class InvertedLists:
             return out_d, out_i
         Q = self._queries(X)[0]
         h = self.head_dims
-        zh, nq = np.empty((n_q, h)), np.empty(n_q)
-        chosen = np.empty((n_q, self._most_probed(nprobe, k)), dtype=np.int64)
-        n_chosen = np.empty(n_q, dtype=np.int64)
-        given = _NO_GIVEN if given is None else np.ascontiguousarray(given, dtype=np.float64)
-        own, ix = self.own, self.ix
-
-        def probe(i0, i1):
-            SP.probe_batch(i0, i1, Q, ix, given, own, int(nprobe), int(k), zh, nq, chosen, n_chosen)
-
-        _run_grouped(None, probe, np.zeros(2, dtype=np.int64), n_q, n_threads)
+        zh, nq, chosen, n_chosen = self.batch_probe(Q, k, nprobe, given, n_threads)
         base, grp_ptr, grp_q, grp_slot = SB.group(chosen, n_chosen, self.sizes)
+        ix = self.ix
         with np.errstate(invalid="ignore", over="ignore"):
             Zt = coordinates(Q, self.mean, self.basis, h)
             U = np.empty((n_q, self.n_coords), dtype=np.float32)
