@@ -3,16 +3,20 @@
 The per-query path (:mod:`qkm.approximate._search_kernels`) bounds the rows
 of a query's lists on their head coordinates, one query after the other, and
 refines the survivors one by one (random reads of their deeper coordinates).
-Here the queries are grouped by list as in :mod:`qkm.approximate._search_batch`
-(the same lists, chosen by the same IEEE-exact code), and every list is read
-once for all the queries that probe it: one matrix product (BLAS) of the
-group's coordinates with the list's stored coordinates, all ``m`` of them
-(head and tail), gives every probed row its full lower bound
+Here every query's lists are chosen by the single-query path's own code
+(:func:`qkm.approximate._search_probe.probe_batch`, which also gives the
+head coordinates and norms), the queries are grouped by list
+(:func:`qkm.approximate._search_batch.group`), and every list is read once
+for all the queries that probe it: one matrix product (BLAS) of the group's
+coordinates with the list's stored coordinates, all ``m`` of them in one
+(m, n_c) block per list (``coords_t``), gives every probed row its full lower bound
 ``||u - y||^2 + (r_q - r_y)^2`` (``u``, ``y``: the coordinates of the query
 and of the row, ``r``: their norms beyond them) in the expanded form
 ``||u||^2 + ||y||^2 - 2 u.y``. Its rounding is at most
 ``err = gamma * (||u||^2 + max ||y||^2)`` (``gamma``: a float32 dot product of
-``m`` terms in any order, plus the final additions), so a row is dropped only
+``m`` terms in any order, plus the final additions, plus the rounding of the
+bound to float32, in which it is kept: ``2^-24 |bound|`` with
+``|bound| <= 2 (||u||^2 + max ||y||^2) + ||q - mean||^2 + max ||y - mean||^2``), so a row is dropped only
 when its bound exceeds the current ``k``-th exact distance by more than the
 per-query path's margin plus ``err``. :func:`finish` computes the exact float64
 distance (:func:`qkm.approximate._search_kernels._exact_dense`, the per-query
