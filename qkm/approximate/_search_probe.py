@@ -33,9 +33,8 @@ def _project(q, mean, basis, shift, j1, z, xq, nz):  # IN q (D,), mean, basis (D
         xq[i] = v
         a = v - mean[i]
         nq += a * a
-        if v != 0.0:
-            nz[cnt] = i
-            cnt += 1
+        nz[cnt] = i  # branch-free: kept only when nonzero (image rows are half zeros, in no order a branch predicts)
+        cnt += v != 0.0
     zz = z[:j1]
     for j in range(j1):
         zz[j] = -shift[j]
@@ -132,11 +131,10 @@ def _select_lists(pd, sizes, nprobe, k, probe):  # IN pd (L,), sizes (L,); OUT p
     """
     L = pd.shape[0]
     p = 0
+    worst = np.inf  # the distance of the last kept list once nprobe are kept (lists come in increasing index)
     for c in range(L):
-        if sizes[c] == 0:
-            continue
         d = pd[c]
-        if p == nprobe and not _before(d, c, pd[probe[p - 1]], probe[p - 1]):
+        if p == nprobe and not d < worst or sizes[c] == 0:  # a later list ties after the kept ones
             continue
         t = p if p < nprobe else nprobe - 1
         while t > 0 and _before(d, c, pd[probe[t - 1]], probe[t - 1]):
@@ -145,6 +143,8 @@ def _select_lists(pd, sizes, nprobe, k, probe):  # IN pd (L,), sizes (L,); OUT p
         probe[t] = c
         if p < nprobe:
             p += 1
+        if p == nprobe:
+            worst = pd[probe[p - 1]]
     total = 0
     for t in range(p):
         total += sizes[probe[t]]
