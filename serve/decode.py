@@ -23,6 +23,7 @@ import json
 from itertools import chain
 
 import numpy as np
+import orjson
 import scipy.sparse as sp
 
 from qkm._validation import check_data, check_feature_count
@@ -112,8 +113,60 @@ def _reject_booleans(obj, where="the body"):
                 _reject_booleans(value, where)
 
 
+#: Integers at least this large come out of orjson as floats but out of ``json`` as ints (a 400 later).
+_ORJSON_INT_LIMIT = float(2**63)
+
+
+def _fast_loads(body):
+    """``orjson.loads(body)`` when it gives what ``json.loads`` gives, else None (then ``json`` decides).
+
+    orjson parses numbers about ten times faster than ``json`` (a one-row
+    body of 784 floats: ~30 us against ~330 us), correctly rounded like it;
+    the two differ only where orjson refuses a body (NaN, Infinity, a UTF-8
+    BOM, UTF-16, numbers beyond float64) or turns an integer beyond 64 bits
+    into a float; booleans are refused on the json path. Those bodies return None and take the ``json`` path, with
+    its answers and error messages. Only bodies with ``instances`` (dense
+    rows) take this path; their rows come back as one ndarray.
+    """
+    if b"true" in body or b"false" in body:  # booleans: refused by the json path (numpy would read 1 and 0)
+        return None
+    try:
+        obj = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(obj, dict) or not isinstance(obj.get("instances"), list):
+        return None
+    for key, value in obj.items():  # a top-level float this large may have been a huge integer
+        if isinstance(value, float) and abs(value) >= _ORJSON_INT_LIMIT:
+            return None
+    try:
+        rows = np.asarray(obj["instances"])
+    except ValueError:  # ragged: let json's path name it
+        return None
+    if rows.dtype.kind not in "iuf" or rows.ndim != 2 or rows.shape[0] == 0:
+        return None  # the json path answers these with its messages
+    if rows.dtype.kind == "f" and not (np.abs(rows) < _ORJSON_INT_LIMIT).all():
+        return None
+    obj["instances"] = rows
+    return obj
+
+
 def decode_json(body):
-    """The JSON object of a request body (400 if it is not one, or if its lists hold booleans)."""
+    """The JSON object of a request body (400 if it is not one, or if its lists hold booleans).
+
+    Dense rows (``instances``) come back as an ndarray when the fast decoder
+    (orjson) read them, as nested lists otherwise; :func:`rows_from_json`
+    takes both.
+
+    Examples
+    --------
+    >>> obj = decode_json(b'{"instances": [[1.5, 2]], "k": 3}')
+    >>> obj["instances"].tolist(), obj["k"]
+    ([[1.5, 2.0]], 3)
+    """
+    obj = _fast_loads(body)
+    if obj is not None:
+        return obj
     try:
         obj = json.loads(body)
     except RecursionError:
@@ -170,6 +223,9 @@ def rows_from_json(obj, n_features, max_rows):
     """
     if "instances" in obj:
         rows = obj["instances"]
+        if isinstance(rows, np.ndarray):  # decoded by the fast path: numeric, 2-D, not empty
+            check_batch(rows.shape[0], max_rows, "'instances'")
+            return rows
         if not isinstance(rows, list):
             raise RequestError(400, "'instances' must be a list of rows, each a list of numbers.")
         check_batch(len(rows), max_rows, "'instances'")
