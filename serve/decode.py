@@ -124,11 +124,12 @@ def _fast_loads(body):
     body of 784 floats: ~30 us against ~330 us), correctly rounded like it;
     the two differ only where orjson refuses a body (NaN, Infinity, a UTF-8
     BOM, UTF-16, numbers beyond float64) or turns an integer beyond 64 bits
-    into a float; booleans are refused on the json path. Those bodies return None and take the ``json`` path, with
+    into a float; bodies that may hold booleans (numpy would read them as 1
+    and 0) or null are left to the json path too. Those bodies return None and take the ``json`` path, with
     its answers and error messages. Only bodies with ``instances`` (dense
     rows) take this path; their rows come back as one ndarray.
     """
-    if b"true" in body or b"false" in body:  # booleans: refused by the json path (numpy would read 1 and 0)
+    if b"u" in body or b"l" in body:  # true, false, null, or a string with them: the json path (a memchr each)
         return None
     try:
         obj = orjson.loads(body)
