@@ -118,6 +118,7 @@ def create_app(model=None, *, settings=None, **options):
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
+        service.pin_threads()
         await anyio.to_thread.run_sync(service.warm_up)
         yield
         service.ready = False

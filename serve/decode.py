@@ -18,15 +18,17 @@ CSR) rows with the model's feature count, finite values and at most
 ``max_rows`` rows.
 """
 
+import functools
 import io
 import json
+import math
 from itertools import chain
 
 import numpy as np
 import orjson
 import scipy.sparse as sp
 
-from qkm._validation import check_data, check_feature_count
+from qkm._validation import as_float_dtype, check_data, check_feature_count, row_norm_bound
 from qkm._validation import check_row_norms as _check_row_norms
 
 from .errors import RequestError
@@ -319,6 +321,9 @@ def validate_rows(X, n_features, max_rows, dtype, max_norm=None):
     without overflow (:attr:`qkm.serve.backend.InferenceBackend.max_row_norm`);
     a finite row above it would give an infinite, NaN or clamped distance.
     """
+    fast = _plainly_valid(X, n_features, max_rows, dtype, max_norm)
+    if fast is not None:
+        return fast
     check_batch(X.shape[0], max_rows, "the request")
     try:
         # arrays over the request bytes are read-only: copy them, or numba would compile read-only variants
@@ -329,6 +334,33 @@ def validate_rows(X, n_features, max_rows, dtype, max_norm=None):
     if max_norm is not None:
         check_row_norms(X, max_norm, dtype)
     return X
+
+
+@functools.lru_cache(maxsize=None)
+def _dtype_bound(dtype):
+    """The row-norm bound :func:`qkm._validation.check_data` applies to rows of ``dtype``."""
+    return row_norm_bound(dtype)
+
+
+def _plainly_valid(X, n_features, max_rows, dtype, max_norm):
+    """Dense ``X`` converted as :func:`validate_rows` converts it, when it plainly passes every check; else None.
+
+    Two reductions (largest and smallest value: NaN and inf fail them) stand for
+    the finiteness and row-norm checks of the full path, which runs whenever this
+    one says None and names the problem.
+    """
+    if type(X) is not np.ndarray or X.ndim != 2 or X.dtype.kind not in "iuf" or X.shape[1] != n_features \
+            or not 0 < X.shape[0] <= max_rows or n_features < 1:
+        return None
+    target = as_float_dtype(dtype)
+    if X.flags.writeable:
+        Y = np.ascontiguousarray(X, dtype=target)
+    else:  # arrays over the request bytes: copied, as check_data(copy=True) does
+        Y = np.array(X, dtype=target, order="C", copy=True)
+    bound = _dtype_bound(target) if max_norm is None else min(max_norm, _dtype_bound(target))
+    if max(float(Y.max()), -float(Y.min())) * math.sqrt(n_features) <= bound:  # False for NaN
+        return Y
+    return None
 
 
 def check_row_norms(X, max_norm, dtype):

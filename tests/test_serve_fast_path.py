@@ -189,3 +189,31 @@ def test_direct_routes_keep_api_key_and_missing_parts(blobs):
         r = client.post("/search", json=row, headers={"Authorization": "Bearer s3cret"})
         assert r.status_code == 404 and "no search index" in r.json()["error"]
         assert client.get("/assign", headers={"X-API-Key": "s3cret"}).status_code == 405
+
+
+def validated(X, fast, dtype, max_norm=1e6):
+    """validate_rows of ``X``: (dtype, writeable, bytes) of the rows, or (status, message) of the error."""
+    original = decode_module._plainly_valid
+    if not fast:
+        decode_module._plainly_valid = lambda *args: None
+    try:
+        Y = decode_module.validate_rows(X, D, 10, dtype, max_norm)
+        return "rows", Y.dtype.str, Y.flags.c_contiguous, Y.flags.writeable, Y.tobytes()
+    except RequestError as exc:
+        return "error", exc.status, exc.message
+    finally:
+        decode_module._plainly_valid = original
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered in cast")  # 1e300 as float32, on both paths
+def test_fast_row_validation_gives_what_the_full_checks_give():
+    rng = np.random.default_rng(1)
+    base = rng.standard_normal((3, D))
+    read_only = np.frombuffer(base.astype("<f4").tobytes(), dtype="<f4").reshape(3, D)
+    cases = [base, base.astype(np.float32), np.asfortranarray(base), base[:, ::-1], read_only,
+             rng.integers(-5, 5, (2, D)), np.full((1, D), 1e5), np.full((1, D), 1e300), base * np.nan,
+             np.where(base > 1, np.inf, base), base[:, :5], np.zeros((0, D)), np.zeros((11, D)), base > 0]
+    for dtype in (np.float32, np.float64):
+        for X in cases:
+            assert validated(X, True, dtype) == validated(X, False, dtype)
+    assert decode_module._plainly_valid(base, D, 10, np.float64, 1e6) is not None  # the fast path did run
