@@ -148,8 +148,8 @@ def _fast_loads(body):
         return None
     if rows.dtype.kind not in "iuf" or rows.ndim != 2 or rows.shape[0] == 0:
         return None  # the json path answers these with its messages
-    if rows.dtype.kind == "f" and not (np.abs(rows) < _ORJSON_INT_LIMIT).all():
-        return None
+    if rows.dtype.kind == "f" and not -_ORJSON_INT_LIMIT < float(rows.min()) <= float(rows.max()) < _ORJSON_INT_LIMIT:
+        return None  # (orjson gives no NaN)
     obj["instances"] = rows
     return obj
 
