@@ -148,7 +148,7 @@ def _fast_loads(body):
         return None
     if rows.dtype.kind not in "iuf" or rows.ndim != 2 or rows.shape[0] == 0:
         return None  # the json path answers these with its messages
-    if rows.dtype.kind == "f" and not -_ORJSON_INT_LIMIT < float(rows.min()) <= float(rows.max()) < _ORJSON_INT_LIMIT:
+    if rows.dtype.kind == "f" and rows.size and not -_ORJSON_INT_LIMIT < rows.min() <= rows.max() < _ORJSON_INT_LIMIT:
         return None  # (orjson gives no NaN)
     obj["instances"] = rows
     return obj
