@@ -7,7 +7,6 @@
   and exception handlers).
 """
 
-import io
 import json
 import warnings
 
@@ -24,8 +23,7 @@ from qkm.serve import create_app
 from qkm.serve import decode as decode_module
 from qkm.serve.errors import RequestError
 from qkm.serve.middleware import ServiceMiddleware
-
-D = 12
+from test_serve_errors import D, npy_bytes
 
 
 def outcome(body, fast):
@@ -125,12 +123,6 @@ def service_middleware(app):
     while not isinstance(layer, ServiceMiddleware):
         layer = layer.app
     return layer
-
-
-def npy_bytes(arr):
-    buf = io.BytesIO()
-    np.save(buf, arr)
-    return buf.getvalue()
 
 
 def requests_to_compare(rows):
