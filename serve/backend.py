@@ -15,7 +15,7 @@ import numba
 import numpy as np
 import scipy.sparse as sp
 
-from qkm._threads import numba_threads
+from qkm._threads import numba_threads, pin_numba_threads
 from qkm._validation import row_norm_bound
 
 __all__ = ["InferenceBackend", "load_model_file"]
@@ -125,8 +125,7 @@ class InferenceBackend:
 
     def pin_threads(self):
         """Set the calling thread's numba thread count to ``numba_threads`` for good (numba's count is per thread)."""
-        if 1 <= self.numba_threads <= numba.config.NUMBA_NUM_THREADS:  # else each call refuses it, as before
-            numba.set_num_threads(int(self.numba_threads))
+        pin_numba_threads(self.numba_threads)  # a count numba refuses is left to each call to refuse, as before
 
     def _threads(self):
         """``numba_threads(n)`` around a call, or nothing when this thread already runs with ``n`` (pinned)."""
