@@ -284,7 +284,7 @@ def _add_routes(app, service):
         return await service.answer(request, "/v2/models/{model_name}/infer", handler, kinds=(JSON, OCTET),
                                     inline_ok=True, x_shape=False)
 
-    return {"/assign": assign, "/search": search}
+    return {"/assign": assign, "/search": search, "/features": features}
 
 
 def _readiness(service):

@@ -5,7 +5,7 @@ request and must cost microseconds. It never reads the body and never logs
 headers, so neither request bodies nor keys reach a log.
 
 It also dispatches ``POST`` to the row-answering routes (``/assign``,
-``/search``) straight to their endpoint (``direct_routes``), past FastAPI's
+``/search``, ``/features``) straight to their endpoint (``direct_routes``), past FastAPI's
 router, dependency solving and exception middleware: those routes take the
 raw :class:`~starlette.requests.Request` and answer their own errors, and
 this halves the framework's cost of a one-row request. Every other request,

@@ -135,6 +135,7 @@ def requests_to_compare(rows):
                       "headers": {"Content-Type": "application/octet-stream", "X-Shape": f"3,{D}"}}
     yield "/search", {"content": npy_bytes(rows[:2]), "headers": {"Content-Type": "application/x-npy"}}
     yield "/assign", {"content": b'{"instances": [[1, 2]]}', "headers": {"Content-Type": "application/json"}}
+    yield "/features", {"json": one}  # this model has no Nyström map: 404
     yield "/search", {"content": b'{"instances": [[NaN' + b", 1" * (D - 1) + b"]]}"}
     yield "/search", {"json": {**one, "k": 0}}
     yield "/search?k=2", {"json": {**one, "k": 2}}
@@ -149,7 +150,7 @@ def test_direct_routes_answer_as_fastapi_routing_does(model, blobs):
     app = create_app(model, model_name="m", max_batch_rows=10, max_body_bytes=4096)
     with TestClient(app) as client:
         middleware = service_middleware(app)
-        assert set(middleware.direct_routes) == {"/assign", "/search"}
+        assert set(middleware.direct_routes) == {"/assign", "/search", "/features"}
         inner = middleware.app = Counting(middleware.app)
         answers = []
         for direct in (True, False):
@@ -163,7 +164,7 @@ def test_direct_routes_answer_as_fastapi_routing_does(model, blobs):
             assert (inner.calls == calls) if direct else (inner.calls > calls)  # the direct path ran, or not
         assert answers[0] == answers[1]
         statuses = {status for _, status, _, _ in answers[0]}
-        assert {200, 400, 413, 415} <= statuses
+        assert {200, 400, 404, 413, 415} <= statuses
         metrics = client.get("/metrics").text
         for line in ('qkm_requests_total{endpoint="/search",status="200"}',
                      'qkm_requests_total{endpoint="/assign",status="413"}'):
