@@ -1,11 +1,12 @@
 """Server CPU and latency of one-JSON-row ``/search`` and ``/assign`` requests: this checkout against a reference one.
 
 A/B of the serving overhead (issue 16: ``/search`` one row p99 <= 2 ms at concurrency 8). Rerun (from the
-repository root; the reference is another checkout with its own venv, e.g. main before the change)::
+repository root; the reference is another checkout with its own venv, here main before the change)::
 
-    git worktree add ../qkm-ref 5641d65 && make -C ../qkm-ref .venv/.installed
-    .venv/bin/python benchmarks/serve_search_overhead.py --ref-python ../qkm-ref/.venv/bin/python \\
-        --out benchmarks/results/serve_search_overhead
+    mkdir -p benchmarks/.cache/ref-5641d65 && git archive 5641d65 | tar -x -C benchmarks/.cache/ref-5641d65
+    make -C benchmarks/.cache/ref-5641d65 .venv/.installed
+    .venv/bin/python benchmarks/serve_search_overhead.py --ref-python benchmarks/.cache/ref-5641d65/.venv/bin/python \\
+        --out benchmarks/results/serve_search_overhead        # about 8 minutes (+7 to train the model once)
 
 What it does:
 
