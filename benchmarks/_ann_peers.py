@@ -149,3 +149,12 @@ def sparse_exact(X, rows):
     rows.append(dict(method="exact (scipy sparse products)", build_s=0.0,
                      bytes=int(X.data.nbytes + X.indices.nbytes + X.indptr.nbytes)))
     return [("exact (scipy sparse products)", [("", q)])]
+
+
+def add_batch_study_args(p, repo):
+    """The options shared by the batch-path studies (``ann_batch_paths.py``, ``ann_batch_ab.py``)."""
+    p.add_argument("--queries", type=int, default=3000)
+    p.add_argument("--single", type=int, default=1000, help="queries timed one at a time")
+    p.add_argument("--data-dir", default=str(repo.parent / "shared" / "data"))
+    p.add_argument("--cache-dir", default=str(repo / "benchmarks" / ".cache"))
+    p.add_argument("--out", default=None, help="write <out>.json and <out>.md")

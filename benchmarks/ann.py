@@ -98,6 +98,18 @@ def load_fashion(data_dir):
     return np.ascontiguousarray(X), np.ascontiguousarray(Q)
 
 
+def cached_fmnist_index(cache_dir, X):
+    """The index of the Fashion-MNIST K = 64 QK-means model (``ann.py``'s service file), trained once if missing."""
+    import qkm
+    from qkm.export import load_model, save_model
+
+    path = Path(cache_dir) / "ann_fmnist_qkmeans_k64_index.qkm"
+    if not path.exists():
+        model = qkm.QKMeans(64, sparsity_level=3, random_state=0, n_jobs=1).fit(X)
+        save_model(model, path, index=qkm.ClusterIndex(model, random_state=0, n_jobs=1).fit(X))
+    return load_model(str(path)).index
+
+
 def load_20news(data_dir, cache_dir):
     """(train, test) tf-idf rows: train_sparse.py's matrix (train then test) split at the train document count."""
     sys.path.insert(0, str(REPO / "benchmarks"))

@@ -66,18 +66,13 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--ref", default="main", help="git ref of the A side")
     p.add_argument("--rounds", type=int, default=7)
-    p.add_argument("--queries", type=int, default=3000)
-    p.add_argument("--single", type=int, default=1000, help="queries timed one at a time")
-    p.add_argument("--data-dir", default=str(REPO.parent / "shared" / "data"))
-    p.add_argument("--cache-dir", default=str(REPO / "benchmarks" / ".cache"))
-    p.add_argument("--out", default=None, help="write <out>.json and <out>.md")
+    from _ann_peers import add_batch_study_args
+    add_batch_study_args(p, REPO)
     args = p.parse_args()
     from threadpoolctl import threadpool_limits
 
-    import qkm
-    from ann import load_fashion
+    from ann import cached_fmnist_index, load_fashion
     from qkm._threads import numba_threads
-    from qkm.export import load_model, save_model
 
     tmp = tempfile.TemporaryDirectory()
     ref_index = import_ref(args.ref, tmp.name)
@@ -88,11 +83,7 @@ def main():
     threadpool_limits(1)
     X, Q = load_fashion(args.data_dir)
     threadpool_limits(1)  # the libraries loaded since
-    path = Path(args.cache_dir) / "ann_fmnist_qkmeans_k64_index.qkm"
-    if not path.exists():
-        model = qkm.QKMeans(64, sparsity_level=3, random_state=0, n_jobs=1).fit(X)
-        save_model(model, path, index=qkm.ClusterIndex(model, random_state=0, n_jobs=1).fit(X))
-    index = load_model(str(path)).index
+    index = cached_fmnist_index(args.cache_dir, X)
     new = index._lists
     fitted = new.rows[np.argsort(new.row_ids)]
     old = ref_index.InvertedLists(fitted, index.list_of_row_, new.n_lists, new.mean, new.basis, new.centers, new.store)
