@@ -75,13 +75,13 @@ def _late_warm(last, sweeps):
 
     def refit(self, U, weights, state, max_iter, polish=False):
         self._calls = getattr(self, "_calls", 0) + 1
-        if not polish and max_iter is not None and self._calls > ITERATIONS - last:
+        if not polish and self._calls > ITERATIONS - last:
             max_iter = sweeps
         return original(self, U, weights, state, max_iter, polish)
     return {(fitters._ChainFitter, "refit"): refit}
 
 
-def _reweighted(power):
+def _reweighted(power, polish_power=None):
     """Refit to ``n_k ** power`` row weights instead of ``sqrt(n_k)``; the guard still compares the true
     (``sqrt(n_k)``-weighted) errors, computed here from the dense chain."""
     import numpy as np
@@ -95,10 +95,45 @@ def _reweighted(power):
         return V
 
     def refit(self, U, weights, state, max_iter, polish=False):
-        new, _, _ = original(self, U, weights ** (2 * power), state, max_iter, polish)
+        p = polish_power if polish and polish_power is not None else power
+        new, _, _ = original(self, U, weights ** (2 * p), state, max_iter, polish)
         w2 = weights[:, None] ** 2
         return new, float((w2 * (U - dense(new)) ** 2).sum()), float((w2 * (U - dense(state)) ** 2).sum())
     return {(fitters._ChainFitter, "refit"): refit}
+
+
+def _residual(mode, sweeps=None):
+    """Hierarchical start with the residual projected by ``mode`` ("sp", "splincol", or "best": both, the lower
+    weighted error kept), optionally with other sweeps."""
+    _, factorize = _modules()
+    original = factorize.hierarchical
+
+    def hierarchical(T, w, n_factors, s, *args, **kwargs):
+        if sweeps is not None:
+            args = tuple(sweeps) + tuple(args[3:])
+        if mode != "best":
+            return original(T, w, n_factors, s, *args, residual=mode, **kwargs)
+        runs = [original(T, w, n_factors, s, *args, residual=r, **kwargs) for r in ("sp", "splincol")]
+        return min(runs, key=lambda st: st.objective)
+    return {(factorize, "hierarchical"): hierarchical}
+
+
+def _split(inner, last):
+    """``inner`` values for every factor but the last (the wide A x D one), ``last`` for the last."""
+    fitters, factorize = _modules()
+    nominal = factorize.factor_budgets
+
+    def budgets(shapes, s, split="even"):
+        b = nominal(shapes, s, split)
+        return [(kind, inner) for kind, _ in b[:-1]] + [(b[-1][0], last)]
+    return {(fitters, "factor_budgets"): budgets, (factorize, "factor_budgets"): budgets}
+
+
+def _both(*factories):
+    out = {}
+    for f in factories:
+        out.update(f())
+    return out
 
 
 #: (name, QKMeans parameters, patches factory or None)
@@ -113,6 +148,22 @@ VARIANTS = [
     ("refit weights n_k^0.4", {}, lambda: _reweighted(0.4)),
     ("INIT_SWEEPS=30", {}, lambda: _init_sweeps(30)),
     ("hierarchical sweeps 300/300/300", {}, lambda: _hier((300, 300, 300))),
+    ("hierarchical residual splincol", {}, lambda: _residual("splincol")),
+    ("hierarchical best of sp/splincol", {}, lambda: _residual("best")),
+    ("hierarchical 100/100/300 + last 5 refits 50 sweeps", {},
+     lambda: _both(lambda: _hier((100, 100, 300)), lambda: _late_warm(5, 50))),
+    ("hierarchical sweeps 100/100/1000", {}, lambda: _hier((100, 100, 1000))),
+    ("hierarchical sweeps 30/30/300", {}, lambda: _hier((30, 30, 300))),
+    ("refit weights n_k^0.3", {}, lambda: _reweighted(0.3)),
+    ("refit weights n_k^0.45", {}, lambda: _reweighted(0.45)),
+    ("refit weights 1", {}, lambda: _reweighted(0.0)),
+    ("refit weights n_k^0.4, polish sqrt(n_k)", {}, lambda: _reweighted(0.4, 0.5)),
+    ("refit weights n_k^0.35", {}, lambda: _reweighted(0.35)),
+    ("tol=1e-5", {"tol": 1e-5}, None),
+    ("max_iter=100, tol=1e-5", {"max_iter": 100, "tol": 1e-5}, None),
+    ("3,888 values: inner 224, last 2,096", {}, lambda: _split(224, 2096)),
+    ("3,888 values: inner 256, last 1,840", {}, lambda: _split(256, 1840)),
+    ("3,888 values: inner 176, last 2,480", {}, lambda: _split(176, 2480)),
 ]
 
 
@@ -154,6 +205,8 @@ def main():
                          nonempty=int(np.count_nonzero(np.bincount(model.labels_, minlength=K))), cpu=cpu,
                          n_iter=int(model.n_iter_), load=os.getloadavg()[0]))
         print(rows[-1], flush=True)
+        if args.out:    # every row as it comes (a part stopped early keeps what it measured)
+            Path(args.out + ".rows.json").write_text(json.dumps(rows, indent=1))
 
     for seed in [int(v) for v in args.seeds.split(",")]:
         if args.mode == "protocol":
