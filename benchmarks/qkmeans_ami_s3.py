@@ -164,6 +164,11 @@ VARIANTS = [
     ("3,888 values: inner 224, last 2,096", {}, lambda: _split(224, 2096)),
     ("3,888 values: inner 256, last 1,840", {}, lambda: _split(256, 1840)),
     ("3,888 values: inner 176, last 2,480", {}, lambda: _split(176, 2480)),
+    ("3,888 values, 5 factors: inner 384, last 2,352", {"n_factors": 5}, lambda: _split(384, 2352)),
+    ("3,888 values, 3 factors: inner 768, last 2,352", {"n_factors": 3}, lambda: _split(768, 2352)),
+    ("3,888 values, 7 factors: inner 256, last 2,352", {"n_factors": 7}, lambda: _split(256, 2352)),
+    ("3,888 values, 2 factors: first 1,536, last 2,352", {"n_factors": 2}, lambda: _split(1536, 2352)),
+    ("3,888 values, 4 factors: inner 512, last 2,352", {"n_factors": 4}, lambda: _split(512, 2352)),
 ]
 
 
@@ -264,6 +269,17 @@ def render(parts):
                 f"{', '.join(format(a, '.4f') for a in ami)} | {np.mean([r['ratio'] for r in vr]):.4f} | "
                 f"{vr[0]['values']} | {min(r['nonempty'] for r in vr)}-{max(r['nonempty'] for r in vr)} | "
                 f"{np.mean([r['cpu'] for r in vr]):.1f} | {', '.join(format(r['load'], '.1f') for r in vr)} |")
+        diffs = [r["ami"] - today[r["seed"]] for r in mrows
+                 if r["variant"] not in ("today", "kmeans") and r["seed"] in today]
+        for name in ("kmeans", "today"):
+            ami = np.array([r["ami"] for r in {r["seed"]: r for r in mrows if r["variant"] == name}.values()])
+            if len(ami) > 1:
+                lines.append(f"- {name}: AMI {ami.mean():.4f} +- {ami.std(ddof=1):.4f} (sd over {len(ami)} seeds), "
+                             f"sd of the mean {ami.std(ddof=1) / np.sqrt(len(ami)):.4f}.")
+        if len(diffs) > 1:
+            lines.append(f"- every variant against today on the same seed ({len(diffs)} pairs): AMI difference mean "
+                         f"{np.mean(diffs):+.4f}, sd {np.std(diffs, ddof=1):.4f} (the sd of a 3-seed mean of such "
+                         f"differences: {np.std(diffs, ddof=1) / np.sqrt(3):.4f}).")
         lines.append("")
     return "\n".join(lines)
 
