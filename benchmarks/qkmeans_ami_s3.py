@@ -169,6 +169,11 @@ VARIANTS = [
     ("3,888 values, 7 factors: inner 256, last 2,352", {"n_factors": 7}, lambda: _split(256, 2352)),
     ("3,888 values, 2 factors: first 1,536, last 2,352", {"n_factors": 2}, lambda: _split(1536, 2352)),
     ("3,888 values, 4 factors: inner 512, last 2,352", {"n_factors": 4}, lambda: _split(512, 2352)),
+    ("n_factors=3, budget_split='total'", {"n_factors": 3, "budget_split": "total"}, None),
+    ("n_factors=2, budget_split='total'", {"n_factors": 2, "budget_split": "total"}, None),
+    ("n_factors=4, budget_split='total'", {"n_factors": 4, "budget_split": "total"}, None),
+    ("s=5, n_factors=3, budget_split='total'", {"sparsity_level": 5, "n_factors": 3, "budget_split": "total"}, None),
+    ("s=5 today", {"sparsity_level": 5}, None),
 ]
 
 

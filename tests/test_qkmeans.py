@@ -85,6 +85,27 @@ def test_wide_budget_split_keeps_its_budgets_and_brute_force_labels(blobs, shape
     assert np.all(np.diff(h) <= 1e-10 * h[:-1])
 
 
+@pytest.mark.parametrize("shape", [(120, 30), (120, 5)])
+def test_total_budget_split_keeps_the_paper_total_on_fewer_factors(shape):
+    rng = np.random.RandomState(2)
+    X = rng.rand(*shape)
+    K = 8
+    qk = QKMeans(K, sparsity_level=2, n_factors=2, budget_split="total", max_iter=6, palm_max_iter=20,
+                 random_state=0).fit(X)
+    assert len(qk.factors_) == 2
+    budgets = factor_budgets(chain_shapes(K, shape[1], 2), 2, "total")
+    paper = factor_budgets(chain_shapes(K, shape[1], default_n_factors(K, shape[1])), 2)
+    assert sum(k for _, k in budgets) == min(sum(k for _, k in paper), sum(r * c for r, c in chain_shapes(
+        K, shape[1], 2)))
+    for f, (_, k) in zip(qk.factors_, budgets):
+        assert f.nnz <= k
+    assert qk.nnz_ <= sum(k for _, k in paper)
+    labels, _ = _brute_force(X, qk.cluster_centers_)
+    np.testing.assert_array_equal(qk.labels_, labels)
+    h = qk.objective_history_
+    assert np.all(np.diff(h) <= 1e-10 * h[:-1])
+
+
 @pytest.mark.parametrize("estimator", [QKMeans(6, sparsity_level=2, max_iter=8, palm_max_iter=20, random_state=0),
                                        LowRankKMeans(6, rank=2, max_iter=8, random_state=0)])
 @pytest.mark.parametrize("center", [False, True])
@@ -153,7 +174,7 @@ def test_more_clusters_than_features_and_float32(shape):
     ({"palm_max_iter": -1}, "palm_max_iter"),
     ({"palm_warm_iter": 2.0}, "palm_warm_iter"),
     ({"palm_tol": -1.0}, "palm_tol"),
-    ({"budget_split": "rows"}, "budget_split must be one of 'even', 'wide'"),
+    ({"budget_split": "rows"}, "budget_split must be one of 'even', 'wide', 'total'"),
     ({"budget_split": None}, "budget_split"),
     ({"max_iter": 0}, "max_iter"),
     ({"n_init": 0}, "n_init"),

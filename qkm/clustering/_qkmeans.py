@@ -196,12 +196,19 @@ default="k-means++"
         1.073 times K-means' objective at s = 3, 1.023 vs 1.026 at s = 5,
         and the model is ``n_features`` values smaller. Sparse data stay sparse
         either way.
-    budget_split : {"even", "wide"}, default="even"
+    budget_split : {"even", "wide", "total"}, default="even"
         "even": every factor keeps ``s * max(r, c)``, as the paper's code.
         "wide": the same total, ``(s - 1) * max(r, c)`` for every factor but
         the widest (``A x D``, or ``K x A`` when ``K > D``), which takes the
         rest. "wide" lost clusters and reached a higher objective on
         Fashion-MNIST and COIL-20 (``benchmarks/results/qkmeans_budget_split.md``).
+        "total": the total of the paper's chain of ``floor(log2(max(K, D)))``
+        factors whatever ``n_factors``: the widest keeps ``s * max(r, c)``,
+        the others share the rest (a short chain gets denser inner factors).
+        On the paper's chain it is "even". With ``n_factors=3`` on
+        Fashion-MNIST (K = 64, s = 3: 768, 768 and 2,352 values, 3,888 in all
+        as the 9-factor chain) it kept every cluster and raised the AMI
+        (``benchmarks/results/qkmeans_ami_s3.md``).
     random_state : int, RandomState instance or None, default=None
     n_jobs : int or None, default=None
         numba threads.
