@@ -174,6 +174,7 @@ VARIANTS = [
     ("n_factors=4, budget_split='total'", {"n_factors": 4, "budget_split": "total"}, None),
     ("s=5, n_factors=3, budget_split='total'", {"sparsity_level": 5, "n_factors": 3, "budget_split": "total"}, None),
     ("s=5 today", {"sparsity_level": 5}, None),
+    ("s=5, n_factors=2, budget_split='total'", {"sparsity_level": 5, "n_factors": 2, "budget_split": "total"}, None),
 ]
 
 

@@ -205,10 +205,11 @@ default="k-means++"
         "total": the total of the paper's chain of ``floor(log2(max(K, D)))``
         factors whatever ``n_factors``: the widest keeps ``s * max(r, c)``,
         the others share the rest (a short chain gets denser inner factors).
-        On the paper's chain it is "even". With ``n_factors=3`` on
-        Fashion-MNIST (K = 64, s = 3: 768, 768 and 2,352 values, 3,888 in all
-        as the 9-factor chain) it kept every cluster and raised the AMI
-        (``benchmarks/results/qkmeans_ami_s3.md``).
+        On the paper's chain it is "even". With ``n_factors=2`` on
+        Fashion-MNIST (K = 64, s = 3: 1,536 and 2,352 values, 3,888 in all as
+        the 9-factor chain) it kept every cluster and raised the AMI on every
+        seed measured (``benchmarks/results/qkmeans_ami_s3.md``); 3 factors
+        lost a cluster on some seeds.
     random_state : int, RandomState instance or None, default=None
     n_jobs : int or None, default=None
         numba threads.
