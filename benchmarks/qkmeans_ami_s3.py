@@ -182,6 +182,8 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--mode", choices=("protocol", "defaults"), default="protocol")
     p.add_argument("--seeds", default="0,1,2")
+    p.add_argument("--dataset", default="fashion-mnist", choices=("fashion-mnist", "coil20"))
+    p.add_argument("--k", type=int, default=K, help="clusters (default 64)")
     p.add_argument("--variants", default="0")
     p.add_argument("--data-dir", default=str(REPO.parent / "shared" / "data"))
     p.add_argument("--out", default=None, help="write <out>.json and <out>.md")
@@ -200,7 +202,8 @@ def main():
     import qkm
 
     load_before = os.getloadavg()
-    X, y = load_dataset("fashion-mnist", args.data_dir, dtype=np.float32)
+    X, y = load_dataset(args.dataset, args.data_dir, dtype=np.float32)
+    k = args.k
     mean = X.mean(axis=0, dtype=np.float64)
     rows = []
 
@@ -210,10 +213,11 @@ def main():
         return model, time.process_time() - c
 
     def record(seed, variant, model, cpu, base, kmeans_ami):
-        rows.append(dict(mode=args.mode, seed=seed, variant=variant, ratio=float(model.inertia_ / base),
+        rows.append(dict(mode=args.mode if args.dataset == "fashion-mnist" and k == K else
+                         f"{args.mode}, {args.dataset} K={k}", seed=seed, variant=variant, ratio=float(model.inertia_ / base),
                          ami=float(adjusted_mutual_info_score(y, model.labels_)), kmeans_ami=kmeans_ami,
                          values=int(getattr(model, "nnz_with_mean_", model.cluster_centers_.size)),
-                         nonempty=int(np.count_nonzero(np.bincount(model.labels_, minlength=K))), cpu=cpu,
+                         nonempty=int(np.count_nonzero(np.bincount(model.labels_, minlength=k))), cpu=cpu,
                          n_iter=int(model.n_iter_), load=os.getloadavg()[0]))
         print(rows[-1], flush=True)
         if args.out:    # every row as it comes (a part stopped early keeps what it measured)
@@ -221,18 +225,18 @@ def main():
 
     for seed in [int(v) for v in args.seeds.split(",")]:
         if args.mode == "protocol":
-            init = (kmeans_plusplus((X - mean).astype(np.float32), K, random_state=seed)[0] + mean).astype(np.float32)
-            km, km_cpu = fit(lambda: qkm.KMeans(K, init=init, n_init=1, max_iter=ITERATIONS, tol=0.0))
+            init = (kmeans_plusplus((X - mean).astype(np.float32), k, random_state=seed)[0] + mean).astype(np.float32)
+            km, km_cpu = fit(lambda: qkm.KMeans(k, init=init, n_init=1, max_iter=ITERATIONS, tol=0.0))
             common = dict(init=init, max_iter=ITERATIONS)
         else:
-            km, km_cpu = fit(lambda: qkm.KMeans(K, random_state=seed))
+            km, km_cpu = fit(lambda: qkm.KMeans(k, random_state=seed))
             common = dict(random_state=seed)
         kmeans_ami = float(adjusted_mutual_info_score(y, km.labels_))
         record(seed, "kmeans", km, km_cpu, km.inertia_, kmeans_ami)
         for i in [int(v) for v in args.variants.split(",")]:
             name, params, patches = VARIANTS[i]
             with _patched(patches() if patches else {}):
-                qk, cpu = fit(lambda: qkm.QKMeans(K, **dict(dict(sparsity_level=3, **common), **params)))
+                qk, cpu = fit(lambda: qkm.QKMeans(k, **dict(dict(sparsity_level=3, **common), **params)))
             record(seed, name, qk, cpu, km.inertia_, kmeans_ami)
 
     env = dict(python=platform.python_version(), numpy=np.__version__, qkm=qkm.__version__, cpus=os.cpu_count(),
