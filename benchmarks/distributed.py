@@ -241,6 +241,8 @@ def run_config(spec):
             out["worker_peak_mb"] = sorted(
                 v / 1024 for v in client.run(lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss).values())
             recs = timings(algorithm, km)[1]
+            if algorithm == "kmeans-par":
+                out["seeding_steps"] = sd.seeding_steps
             if recs:
                 out["to_workers_bytes"] = statistics.median(r["sent_bytes"] for r in recs)
                 out["to_driver_bytes"] = statistics.median(r["received_bytes"] for r in recs)
@@ -285,6 +287,26 @@ def summarise(results, meta):
     return "\n".join(lines) + "\n"
 
 
+def kmpar_traffic(rows):
+    """k-means|| bytes per round (driver <-> workers): the sampled rows back, the new candidates out."""
+    lines = []
+    for r in rows:
+        steps = r.get("seeding_steps")
+        if not steps:
+            continue
+        rounds = [(a, b) for a, b in zip(steps, steps[1:]) if a["step"] == "chunk_sample" and b["step"] == "chunk_lower"]
+        if not rounds:
+            continue
+        back = [a["received_bytes"] for a, _ in rounds]
+        out = [b["sent_bytes"] for _, b in rounds]
+        other = sum(x["sent_bytes"] + x["received_bytes"] for x in steps) - sum(back) - sum(out)
+        lines.append(f"* k-means|| traffic, {r['config']}: {len(rounds)} rounds; per round sampled rows back "
+                     + " / ".join(fmt_mb(v) for v in back) + ", new candidates out "
+                     + " / ".join(fmt_mb(v) for v in out) + f"; other steps {fmt_mb(other)} in all")
+        break  # the same bytes in every distributed configuration (the draws do not depend on the workers)
+    return lines
+
+
 def summarise_rows(rows, title):
     qk = rows[0].get("algorithm") == "qkmeans"
     lines = [f"\n## {title}\n",
@@ -308,6 +330,7 @@ def summarise_rows(rows, title):
             + (", ".join(f"{v:.0f}" for v in r["worker_peak_mb"]) + " MB" if "worker_peak_mb" in r else "-")
             + f" | {r.get('kxd_round_trip_s', float('nan')):.3f} s | {same} | "
             f"{r['load']['before'][0]:.1f} / {r['load']['after'][0]:.1f} |")
+    lines += kmpar_traffic(rows)
     lines.append("")
     by = {}
     for r in rows:

@@ -28,7 +28,7 @@ import numba
 from numba import njit, prange
 
 from . import _config
-from .factorization._kernels import _JIT, _store_mean
+from .factorization._kernels import _JIT, _store_mean, _store_mean_from
 
 __all__ = ["merge_plan", "n_levels", "tree_sum_rows", "column_variances", "column_sums_node",
            "column_sq_deviations_node", "cluster_sums_sparse", "cluster_sums_dense"]
@@ -408,18 +408,22 @@ def n_tasks_for(n_clusters):
 @njit(parallel=True, **_JIT)
 def means_from_csr_sums(
     indptr, indices, data, counts,  # IN  (K, D) cluster sums as CSR (float64), (K,) sizes
-    C, shift_sq,                    # IN/OUT centres -> means (empty clusters kept), squared moves
+    C_old,                          # IN  the centres the moves are measured from (may be C)
+    C, shift_sq,                    # OUT means (empty clusters: their row of C_old), squared moves
 ):
-    """:func:`means_from_sums` reading CSR sums (absent entries are 0.0, as in the dense sums)."""
+    """:func:`means_from_sums` reading CSR sums (absent entries are 0.0, as in the dense sums), the means written
+    into ``C`` (not a copy of ``C_old`` first: one pass over K x D less)."""
     K, D = C.shape
     for j in prange(K):
         if counts[j] == 0:
             shift_sq[j] = 0.0
+            for k in range(D):
+                C[j, k] = C_old[j, k]
             continue
         acc = np.zeros(D)
         for q in range(indptr[j], indptr[j + 1]):
             acc[indices[q]] = data[q]
-        _store_mean(j, acc, 1.0 / counts[j], C, shift_sq)
+        _store_mean_from(j, acc, 1.0 / counts[j], C_old, C, shift_sq)
 
 
 @njit(parallel=True, **_JIT)

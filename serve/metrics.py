@@ -78,6 +78,18 @@ class Metrics:
             ProcessCollector(registry=registry)
         self._children = {}
 
+    def follow_in_flight(self, count):
+        """Let the in-flight gauge read ``count()`` when scraped; the gauge to update per request, or None.
+
+        With one process the gauge calls ``count`` at each scrape (nothing to
+        do per request); in multiprocess mode it is returned, to be moved by
+        ``inc``/``dec`` (its values live in files summed over the live workers).
+        """
+        if self.multiprocess:
+            return self.in_flight
+        self.in_flight.set_function(count)
+        return None
+
     def _child(self, metric, *labels):
         """The labelled child of ``metric`` (cached: ``labels()`` costs a lock and a dict lookup)."""
         key = (id(metric), labels)

@@ -72,11 +72,17 @@ class Service:
             "n_clusters": int(model.n_clusters), "n_features": int(model.n_features),
             "checksum": getattr(model, "checksum", None) or "",
         })
-        self.in_flight = InFlightLimit(settings.max_in_flight, gauge=self.metrics.in_flight)
+        self.in_flight = InFlightLimit(settings.max_in_flight)
+        self.in_flight.gauge = self.metrics.follow_in_flight(lambda: self.in_flight.count)
         self.max_row_norm = self.backend.max_row_norm  # larger rows overflow the distances: 400
         self.pool = InferencePool(settings.inference_threads)
 
     # -- start-up ---------------------------------------------------------- #
+    def pin_threads(self):
+        """Give the calling thread (the event loop's, which answers small bodies inline) the numba thread count
+        of the inference calls once, so that they need not set and restore it per request."""
+        self.backend.pin_threads()
+
     def warm_up(self):
         """Run every inference path once (blocking), then report ready."""
         self.backend.warm_up()
@@ -164,7 +170,7 @@ class Service:
                 shape = parse_shape_header(request.headers.get("x-shape"), self.backend.n_features,
                                            self.settings.max_batch_rows)
             body = await read_body(request, self.settings.max_body_bytes)
-            args = (body, kind, shape, dict(request.query_params))
+            args = (body, kind, shape, dict(request.query_params) if request.scope["query_string"] else {})
             if inline_ok and len(body) <= self.settings.inline_body_bytes:  # a few rows: cheaper than a hand-off
                 content, media_type, headers, n_rows = handler(*args)
             else:

@@ -118,3 +118,26 @@ def test_batch_paths_identical_for_one_and_two_threads(wide, km, path):
             runs.append(index._lists.search(Xq, 9, 5, n_threads=threads, path=path))
     for a, b in zip(*runs):
         np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("partition", ["auto", "model"])
+def test_batch_probe_chooses_the_lists_of_one_query(wide, km, partition):
+    """The pre-filtered path's fused probe (lists, head coordinates, norms) against the numpy mirror of the rule,
+    widened lists (k beyond what nprobe lists hold) included."""
+    X, Xq = wide
+    index = ClusterIndex(km, nprobe=1, partition=partition, n_lists=14 if partition == "auto" else None,
+                         random_state=0).fit(X)
+    lists = index._lists
+    Q = np.ascontiguousarray(Xq, dtype=np.float64)
+    given = None if lists.own else km.operator_.sq_distances(Q)
+    sizes = lists.sizes
+    for nprobe, k in [(1, 1), (3, 4), (1, int(sizes.max()) + 5), (2, 300)]:
+        zh, nq, chosen, n_chosen = lists.batch_probe(Q, k, nprobe, given)
+        ref = index._probe(Q, k, nprobe)
+        for i in range(Q.shape[0]):
+            want = ref[i][ref[i] >= 0]
+            assert chosen[i, :n_chosen[i]].tolist() == want.tolist()
+            assert sizes[want].sum() >= k and n_chosen[i] >= min(nprobe, int((sizes > 0).sum()))
+        np.testing.assert_allclose(nq, ((Q - lists.mean) ** 2).sum(axis=1), rtol=1e-12)
+        np.testing.assert_allclose(zh, (Q - lists.mean) @ lists.basis[:, :lists.head_dims].astype(np.float64),
+                                   rtol=1e-9, atol=1e-9)

@@ -338,6 +338,54 @@ def wide():
     return X
 
 
+@pytest.mark.parametrize("algorithm", ["lloyd", "elkan"])
+def test_kmeans_compact_packs_on_wide_shards(inproc_client, tmp_path_factory, wide, algorithm, monkeypatch):
+    """Wide CSR shards: the centres travel as CSR and the workers build C^T from it (Lloyd never densifies
+    them; Elkan's bounds do, on demand); the fit is the in-memory one."""
+    from qkm.distributed import _packs
+    from qkm.distributed import _shard_tasks as T
+
+    kinds, densified = [], []
+    real_operator, real_unpack = T._operator, _packs._unpack
+
+    def operator(pack):
+        op = real_operator(pack)
+        kinds.append(type(op).__name__)
+        return op
+
+    monkeypatch.setattr(T, "_operator", operator)
+    monkeypatch.setattr(_packs, "_unpack", lambda pack: densified.append(sp.issparse(pack[0])) or real_unpack(pack))
+    sd = ShardedData(shards(tmp_path_factory, wide, LAYOUTS["3 shards + empty"]), inproc_client)
+    kw = dict(n_clusters=K, random_state=1, algorithm=algorithm, max_iter=6)
+    got, ref = qkm.KMeans(**kw).fit(sd), qkm.KMeans(**kw).fit(wide)
+    # the labels on the fit's own client (``compute()`` would use the newest one of this process)
+    np.testing.assert_array_equal(inproc_client.compute(got.labels_, sync=True), ref.labels_)
+    np.testing.assert_array_equal(got.cluster_centers_, ref.cluster_centers_)
+    assert got.inertia_ == ref.inertia_ and got.n_iter_ == ref.n_iter_
+    assert kinds and set(kinds) == {"_SharedCSROperator"}
+    assert any(densified) == (algorithm == "elkan")
+
+
+@pytest.mark.parametrize("direct", [True, False])
+def test_phases_recorded_and_scheduler_hop(inproc_client, tmp_path_factory, data, direct):
+    """Each iteration's phases are kept (driver and shard tasks); through the scheduler or straight to the
+    workers, the fit is the in-memory one."""
+    X = data["csr"]
+    sd = ShardedData(shards(tmp_path_factory, X, LAYOUTS["2 shards"]), inproc_client, direct_to_workers=direct)
+    assert sd.direct is direct
+    kw = dict(n_clusters=K, random_state=3, max_iter=4, tol=0, n_init=1)
+    got, ref = qkm.KMeans(**kw).fit(sd), qkm.KMeans(**kw).fit(X)
+    np.testing.assert_array_equal(inproc_client.compute(got.labels_, sync=True), ref.labels_)
+    np.testing.assert_array_equal(got.cluster_centers_, ref.cluster_centers_)
+    assert got.inertia_ == ref.inertia_
+    assert len(sd.rounds) == got.n_iter_
+    for start, end, events in sd.rounds:
+        names = {e[2] for e in events}
+        assert {"scatter", "submit", "wait", "result", "means", "assign", "sums", "combine"} <= names
+        assert {e[1] for e in events if e[2] == "assign"} == {0, 1}  # one per shard
+        assert all(start <= e[3] <= e[4] <= end for e in events)
+
+
 @pytest.mark.parametrize("layout, seeds", [(layout, "k-means++") for layout in LAYOUTS] + [
     ("3 shards + empty", s) for s in ("array with an empty cluster", "random", "k-means||", "d2-seeding")])
 def test_qkmeans_csr_means_on_wide_shards(inproc_client, tmp_path_factory, wide, layout, seeds, monkeypatch):

@@ -97,13 +97,15 @@ def _run_grouped(scan, finish, grp_ptr, n_q, n_threads):
     ``finish(i0, i1)`` over chunks of ``BATCH_CHUNK`` queries (threads take them in turn; same answers)."""
     L = grp_ptr.shape[0] - 1
     if n_threads <= 1:
-        scan(0, L)
+        if scan is not None:
+            scan(0, L)
         finish(0, n_q)
         return
     parts = max(1, min(n_threads, L))
     cuts = np.searchsorted(grp_ptr, np.linspace(0, grp_ptr[-1], parts + 1)[1:-1])
     with ThreadPoolExecutor(max_workers=n_threads) as pool:
-        list(pool.map(lambda b: scan(*b), zip([0, *cuts], [*cuts, L])))
+        if scan is not None:
+            list(pool.map(lambda b: scan(*b), zip([0, *cuts], [*cuts, L])))
         list(pool.map(lambda b: finish(*b), [(s, min(s + BATCH_CHUNK, n_q)) for s in range(0, n_q, BATCH_CHUNK)]))
 
 
@@ -150,10 +152,10 @@ class InvertedLists:
         resid = np.sqrt(np.maximum(ny[:, None] - (cum[:, np.array(levels) - 1] if m else 0.0), 0.0))
         codec, encode = coordinate_codec(Z, store)
         S = encode(Z)
-        head_t = np.zeros(n * h + SK.HEAD_PAD, dtype=S.dtype)  # spare entries: the kernels read whole vectors
+        coords_t = np.zeros(n * m + SK.HEAD_PAD, dtype=S.dtype)  # spare entries: the kernels read whole vectors
         for c in range(n_lists):
             lo, hi = offsets[c], offsets[c + 1]
-            head_t[h * lo:h * hi] = S[lo:hi, :h].T.ravel()
+            coords_t[m * lo:m * hi] = S[lo:hi].T.ravel()
         self.rows, self.row_ids, self.sizes, self.offsets = rows, order, sizes, offsets
         self.mean, self.basis, self.store = mean, basis, store
         self.centers = centers
@@ -165,7 +167,7 @@ class InvertedLists:
         else:
             dense, data, indices, indptr = rows, np.zeros(0, dtype=rows.dtype), _EMPTY_I32, _ZERO_PTR
         shift = np.asarray(basis, dtype=np.float64).T @ mean
-        self.ix = (mean, basis, shift, codec, centers_t, sizes, offsets, head_t, tail, resid.astype(np.float32), dense,
+        self.ix = (mean, basis, shift, codec, centers_t, sizes, offsets, coords_t, tail, resid.astype(np.float32), dense,
                    data, indices, indptr.astype(np.int64), order)
         self._top_sizes = np.cumsum(np.sort(sizes)[::-1])
         self._caps = {}
@@ -183,6 +185,12 @@ class InvertedLists:
         other = sum(a.nbytes for a in (self.mean, self.basis, self.ix[3], self.ix[4], self.sizes, self.offsets,
                                        self.row_ids))
         return {"rows": int(rows), "coordinates": int(coords), "other": int(other)}
+
+    def _most_probed(self, nprobe, k):
+        """Most lists a query can probe: ``nprobe``, widened until any that many non-empty lists hold ``k`` rows."""
+        sizes = np.sort(self.sizes[self.sizes > 0])
+        widened = int(np.searchsorted(np.cumsum(sizes), k)) + 1
+        return max(1, min(max(int(nprobe), widened), sizes.shape[0]))
 
     def _capacity(self, nprobe, k):
         """Most rows the probed lists can hold (the kernels' buffer size)."""
@@ -332,15 +340,35 @@ class InvertedLists:
     def _coordinate_norms(self):
         """``||y||^2`` of the rows' stored coordinates (list order, float64) and their maximum, computed once."""
         if getattr(self, "_zn", None) is None:
-            h, n = self.head_dims, self.row_ids.shape[0]
-            head_t, tail = self.ix[7], self.ix[8]
-            zn = np.einsum("ij,ij->i", tail, tail, dtype=np.float64) if tail.shape[1] else np.zeros(n)
+            m, n = self.n_coords, self.row_ids.shape[0]
+            coords_t = self.ix[7]
+            zn = np.zeros(n)
             for c in range(self.n_lists):
                 lo, hi = self.offsets[c], self.offsets[c + 1]
-                H = head_t[h * lo:h * hi].reshape(h, hi - lo)
-                zn[lo:hi] += np.einsum("ij,ij->j", H, H, dtype=np.float64)
+                Y = coords_t[m * lo:m * hi].reshape(m, hi - lo)
+                zn[lo:hi] = np.einsum("ij,ij->j", Y, Y, dtype=np.float64)
             self._zn, self._znmax = zn, float(zn.max()) if n else 0.0
         return self._zn, self._znmax
+
+    def batch_probe(self, Q, k, nprobe, given=None, n_threads=1):
+        """The lists probed by dense float64 queries ``Q``, chosen by the single-query path's code.
+
+        Returns ``(zh, nq, chosen, n_chosen)``: the head coordinates (n_q, h),
+        ``||q - mean||^2``, and query ``i``'s lists ``chosen[i, :n_chosen[i]]``,
+        nearest first (none for a query that is not finite).
+        """
+        n_q = Q.shape[0]
+        zh, nq = np.empty((n_q, self.head_dims)), np.empty(n_q)
+        chosen = np.empty((n_q, self._most_probed(nprobe, k)), dtype=np.int64)
+        n_chosen = np.empty(n_q, dtype=np.int64)
+        given = _NO_GIVEN if given is None else np.ascontiguousarray(given, dtype=np.float64)
+        own, ix = self.own, self.ix
+
+        def probe(i0, i1):
+            SP.probe_batch(i0, i1, Q, ix, given, own, int(nprobe), int(k), zh, nq, chosen, n_chosen)
+
+        _run_grouped(None, probe, np.zeros(2, dtype=np.int64), n_q, n_threads)
+        return zh, nq, chosen, n_chosen
 
     def search_prefiltered(self, X, k, nprobe, given=None, n_threads=1):
         """``search`` by the pre-filtered batch path (dense rows, float32 coordinates).
@@ -353,34 +381,36 @@ class InvertedLists:
         if self.sparse or self.store != "float32":
             raise ValueError("the pre-filtered batch path needs dense rows and store='float32'.")
         n_q = X.shape[0]
-        out_d, out_i, Q, plan = self._grouped_plan(X, k, nprobe, given, n_threads)
-        if plan is None:
+        out_d = np.empty((n_q, k))
+        out_i = np.empty((n_q, k), dtype=np.int64)
+        if n_q == 0:
             return out_d, out_i
-        base, grp_ptr, grp_q, grp_slot = plan
+        Q = self._queries(X)[0]
         h = self.head_dims
+        zh, nq, chosen, n_chosen = self.batch_probe(Q, k, nprobe, given, n_threads)
+        base, grp_ptr, grp_q, grp_slot = SB.group(chosen, n_chosen, self.sizes)
+        ix = self.ix
         with np.errstate(invalid="ignore", over="ignore"):
-            Z = coordinates(Q, self.mean, self.basis)
-            A = Q - self.mean
-            nq = np.einsum("ij,ij->i", A, A)
-            U = Z.astype(np.float32)
+            Zt = coordinates(Q, self.mean, self.basis, h)
+            U = np.empty((n_q, self.n_coords), dtype=np.float32)
+            U[:, :h], U[:, h:] = zh, Zt
             un = np.einsum("ij,ij->i", U, U, dtype=np.float64)
-            rq = np.sqrt(np.maximum(nq - np.einsum("ij,ij->i", Z, Z), 0.0))
-        Uh, Ut = np.ascontiguousarray(U[:, :h]), np.ascontiguousarray(U[:, h:])
+            rq = np.sqrt(np.maximum(nq - np.einsum("ij,ij->i", zh, zh) - np.einsum("ij,ij->i", Zt, Zt), 0.0))
         zn, znmax = self._coordinate_norms()
         resid = self.ix[9]
         ry = np.ascontiguousarray(resid[:, resid.shape[1] - 1])
         terms = self.n_coords + 4
         unit = np.finfo(np.float32).eps / 2
         err = 2.0 * terms * unit / (1.0 - terms * unit) * (un + znmax) * 1.0001
-        bounds = np.empty(base[-1])
-        pos = np.empty(base[-1], dtype=np.int64)
+        # the bounds are kept in float32: |b| <= 2 (||u||^2 + max ||y||^2) + r_q^2 + max r_y^2, rounded by 2^-24 |b|
+        err += 2.0 ** -23 * (2.0 * (un + znmax) + nq + self.nmax)
+        bounds = np.empty(base[-1], dtype=np.float32)
+        pos = np.empty(base[-1], dtype=np.int32 if self.row_ids.shape[0] < 2 ** 31 else np.int64)
         most = int(np.diff(base).max())
-        ix = self.ix
 
         def scan(c0, c1):
             with one_blas_thread():  # small products per list: BLAS threads would only wait for each other
-                SF.bound_lists(c0, c1, Uh, Ut, un, rq, ix[7], ix[8], zn, ry, self.offsets, grp_ptr, grp_q, grp_slot,
-                               bounds, pos)
+                SF.bound_lists(c0, c1, U, un, rq, ix[7], zn, ry, self.offsets, grp_ptr, grp_q, grp_slot, bounds, pos)
 
         def finish(i0, i1):
             SF.finish(i0, i1, Q, nq, err, self.nmax, base, bounds, pos, np.empty(most, dtype=np.int64), self.rows,

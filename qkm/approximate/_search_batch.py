@@ -32,33 +32,47 @@ def plan(pd, sizes, nprobe, k):
     """Choose every query's lists and group the queries by list.
 
     IN ``pd`` (n_q, L) distances of the queries to the lists. Returns
-    ``(base, grp_ptr, grp_q, grp_slot)``: query ``i``'s probed rows are slots
-    ``base[i]:base[i + 1]`` of the approximate distances; list ``c`` is
-    probed by queries ``grp_q[grp_ptr[c]:grp_ptr[c + 1]]`` (ascending), whose
-    rows of ``c`` start at slot ``grp_slot[...]``.
+    :func:`group` of the lists :func:`qkm.approximate._search_probe._select_lists`
+    chooses for every query.
     """
     n_q, L = pd.shape
     probe = np.empty(L, dtype=np.int64)
-    counts = np.zeros(L, dtype=np.int64)
-    base = np.empty(n_q + 1, dtype=np.int64)
-    pairs_ptr = np.zeros(n_q + 1, dtype=np.int64)
-    chosen = np.empty(max(n_q * min(L, nprobe + 8), 1), dtype=np.int64)
-    used = 0
-    total = 0
+    chosen = np.empty((n_q, min(L, nprobe + 8)), dtype=np.int64)
+    n_chosen = np.empty(n_q, dtype=np.int64)
     for i in range(n_q):
         p = _select_lists(pd[i], sizes, nprobe, k, probe)
-        if used + p > chosen.shape[0]:  # widened beyond the guess: grow
-            bigger = np.empty(max(2 * chosen.shape[0], used + p), dtype=np.int64)
-            bigger[:used] = chosen[:used]
-            chosen = bigger
+        if p > chosen.shape[1]:  # widened beyond the guess: grow
+            wider = np.empty((n_q, p), dtype=np.int64)
+            wider[:i, :chosen.shape[1]] = chosen[:i]
+            chosen = wider
+        n_chosen[i] = p
+        chosen[i, :p] = probe[:p]
+    return group(chosen, n_chosen, sizes)
+
+
+@njit(**_JIT)
+def group(chosen, n_chosen, sizes):
+    """Group the queries by the lists they probe.
+
+    IN ``chosen[i, :n_chosen[i]]``: query ``i``'s lists, nearest first.
+    Returns ``(base, grp_ptr, grp_q, grp_slot)``: query ``i``'s probed rows
+    are slots ``base[i]:base[i + 1]`` of the bounds; list ``c`` is probed by
+    queries ``grp_q[grp_ptr[c]:grp_ptr[c + 1]]`` (ascending), whose rows of
+    ``c`` start at slot ``grp_slot[...]``.
+    """
+    n_q = n_chosen.shape[0]
+    L = sizes.shape[0]
+    counts = np.zeros(L, dtype=np.int64)
+    base = np.empty(n_q + 1, dtype=np.int64)
+    total = 0
+    used = 0
+    for i in range(n_q):
         base[i] = total
-        for t in range(p):
-            c = probe[t]
-            chosen[used + t] = c
+        for t in range(n_chosen[i]):
+            c = chosen[i, t]
             counts[c] += 1
             total += sizes[c]
-        used += p
-        pairs_ptr[i + 1] = used
+        used += n_chosen[i]
     base[n_q] = total
     grp_ptr = np.zeros(L + 1, dtype=np.int64)
     for c in range(L):
@@ -68,8 +82,8 @@ def plan(pd, sizes, nprobe, k):
     fill = grp_ptr[:L].copy()
     for i in range(n_q):
         slot = base[i]
-        for t in range(pairs_ptr[i], pairs_ptr[i + 1]):
-            c = chosen[t]
+        for t in range(n_chosen[i]):
+            c = chosen[i, t]
             grp_q[fill[c]] = i
             grp_slot[fill[c]] = slot
             fill[c] += 1

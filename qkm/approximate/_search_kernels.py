@@ -2,7 +2,7 @@
 
 Layout of a fitted index (built by :mod:`qkm.approximate._index`; ``n`` rows stored list
 by list, list ``c`` is rows ``offsets[c]:offsets[c + 1]``), passed as the
-tuple ``ix = (mean, basis, shift, codec, centers_t, sizes, offsets, head_t,
+tuple ``ix = (mean, basis, shift, codec, centers_t, sizes, offsets, coords_t,
 tail, resid, rows, data, indices, indptr, row_ids)``:
 
 ``basis`` (D, m) float32, ``mean`` (D,) float64, ``shift = basis.T mean``
@@ -13,11 +13,13 @@ tail, resid, rows, data, indices, indptr, row_ids)``:
     ``1 / step``, ``step^2`` and the slack, in steps, of a stored value.
 ``centers_t`` (h, L), stored like the coordinates
     The index's own lists: centroids of the heads, transposed.
-``head_t`` (n * h,)
-    Head coordinates list by list, each list transposed (``h`` runs of its
-    rows), so one query's distances to a whole list vectorise.
+``coords_t`` (n * m,)
+    All ``m`` coordinates list by list, each list transposed (``m`` runs of
+    its rows, the head first), so one query's head distances to a whole list
+    vectorise and a batch bounds a list with one matrix product.
 ``tail`` (n, m - h)
-    Coordinates ``h..m``, refined ``block`` at a time, read only for candidates.
+    Coordinates ``h..m`` again, row by row: refined ``block`` at a time, read
+    only for candidates (one query).
 ``resid`` (n, n_levels) float32
     ``||x - mean||`` beyond each level ``h, h + block, ..., m``.
 ``rows`` (n, D), or CSR ``data`` / ``indices`` / ``indptr``
@@ -105,16 +107,17 @@ def _levels(z, nq, h, block, n_levels, codec, u, rq):  # IN z (m,), nq; OUT u (m
 
 
 @njit(**_JIT)
-def _scan_heads(u, rq0, probe, n_probe, offsets, head_t, h, codec, resid, s_buf, lb_buf, pos_buf):
+def _scan_heads(u, rq0, probe, n_probe, offsets, coords_t, h, codec, resid, s_buf, lb_buf, pos_buf):
     """Head bounds of every row of the probed lists, in probe order; returns how many.
 
     Per coordinate ``step^2 max(|u - y| - slack, 0)^2``: the stored ``y`` is
     within ``slack`` steps of the row's coordinate (0 for float32, 1/2 for int8;
     float32 coordinates take the plain ``(u - y)^2``). The inner loops run over
-    whole ``HEAD_PAD`` rows (``head_t`` has ``HEAD_PAD`` spare entries at its
+    whole ``HEAD_PAD`` rows (``coords_t`` has ``HEAD_PAD`` spare entries at its
     end, ``s_buf`` as many beyond the rows): what they add past a list's rows
     is never read.
     """
+    m = codec.shape[0]  # coordinates per row: a list's block is (m, n_c), the head its first h rows
     cnt = 0
     r0 = np.float32(rq0)
     plain = codec.shape[0] > 0 and codec[0, 3] == 0.0 and codec[0, 1] == 1.0  # float32 coordinates (one codec)
@@ -126,11 +129,11 @@ def _scan_heads(u, rq0, probe, n_probe, offsets, head_t, h, codec, resid, s_buf,
         acc = s_buf[cnt:cnt + n_p]
         for r in range(n_p):
             acc[r] = 0.0
-        base = h * lo
+        base = m * lo
         if plain:
             for j in range(h):
                 uj = u[j]
-                col = head_t[base + j * n_c:base + j * n_c + n_p]
+                col = coords_t[base + j * n_c:base + j * n_c + n_p]
                 for r in range(n_p):
                     d = uj - np.float32(col[r])
                     acc[r] += d * d
@@ -139,7 +142,7 @@ def _scan_heads(u, rq0, probe, n_probe, offsets, head_t, h, codec, resid, s_buf,
                 uj = u[j]
                 wj = codec[j, 2]
                 slack = codec[j, 3]
-                col = head_t[base + j * n_c:base + j * n_c + n_p]
+                col = coords_t[base + j * n_c:base + j * n_c + n_p]
                 for r in range(n_p):
                     d = max(abs(uj - np.float32(col[r])) - slack, np.float32(0.0))
                     acc[r] += wj * (d * d)
@@ -278,14 +281,14 @@ def _search_query(z, nq, xq, qdata, qind, qlo, qhi, sparse, pd, nprobe, ix, h, b
     to the lists. OUT ``out_d`` (k,) Euclidean distances, ``out_i`` (k,) row ids.
     """
     codec = ix[3]
-    sizes, offsets, head_t, tail, resid, rows, data, indices, indptr, row_ids = ix[5:]
+    sizes, offsets, coords_t, tail, resid, rows, data, indices, indptr, row_ids = ix[5:]
     u, rq, probe, s_buf, lb_buf, pos_buf, first, qpos, qlb, acc, cand = buf
     k = out_d.shape[0]
     n_levels = resid.shape[1]
     m_tail = tail.shape[1]
     _levels(z, nq, h, block, n_levels, codec, u, rq)
     n_probe = _select_lists(pd, sizes, nprobe, k, probe)
-    cnt = _scan_heads(u, rq[0], probe, n_probe, offsets, head_t, h, codec, resid, s_buf, lb_buf, pos_buf)
+    cnt = _scan_heads(u, rq[0], probe, n_probe, offsets, coords_t, h, codec, resid, s_buf, lb_buf, pos_buf)
     for t in range(k):
         out_d[t] = np.inf
         out_i[t] = row_ids.shape[0]

@@ -3,16 +3,20 @@
 The per-query path (:mod:`qkm.approximate._search_kernels`) bounds the rows
 of a query's lists on their head coordinates, one query after the other, and
 refines the survivors one by one (random reads of their deeper coordinates).
-Here the queries are grouped by list as in :mod:`qkm.approximate._search_batch`
-(the same lists, chosen by the same IEEE-exact code), and every list is read
-once for all the queries that probe it: one matrix product (BLAS) of the
-group's coordinates with the list's stored coordinates, all ``m`` of them
-(head and tail), gives every probed row its full lower bound
+Here every query's lists are chosen by the single-query path's own code
+(:func:`qkm.approximate._search_probe.probe_batch`, which also gives the
+head coordinates and norms), the queries are grouped by list
+(:func:`qkm.approximate._search_batch.group`), and every list is read once
+for all the queries that probe it: one matrix product (BLAS) of the group's
+coordinates with the list's stored coordinates, all ``m`` of them in one
+(m, n_c) block per list (``coords_t``), gives every probed row its full lower bound
 ``||u - y||^2 + (r_q - r_y)^2`` (``u``, ``y``: the coordinates of the query
 and of the row, ``r``: their norms beyond them) in the expanded form
 ``||u||^2 + ||y||^2 - 2 u.y``. Its rounding is at most
 ``err = gamma * (||u||^2 + max ||y||^2)`` (``gamma``: a float32 dot product of
-``m`` terms in any order, plus the final additions), so a row is dropped only
+``m`` terms in any order, plus the final additions, plus the rounding of the
+bound to float32, in which it is kept: ``2^-24 |bound|`` with
+``|bound| <= 2 (||u||^2 + max ||y||^2) + ||q - mean||^2 + max ||y - mean||^2``), so a row is dropped only
 when its bound exceeds the current ``k``-th exact distance by more than the
 per-query path's margin plus ``err``. :func:`finish` computes the exact float64
 distance (:func:`qkm.approximate._search_kernels._exact_dense`, the per-query
@@ -32,25 +36,23 @@ ROW_PREFETCH_AHEAD = 1
 
 
 @njit(**_JIT)
-def bound_lists(c0, c1, Uh, Ut, un, rq, head_t, tail, yn, ry, offsets, grp_ptr, grp_q, grp_slot, bounds, pos):
+def bound_lists(c0, c1, U, un, rq, coords_t, yn, ry, offsets, grp_ptr, grp_q, grp_slot, bounds, pos):
     """Lower bounds of the grouped queries' distances to the rows of lists ``c0 <= c < c1`` (squared).
 
-    IN ``Uh`` (n_q, h), ``Ut`` (n_q, m - h) float32: the queries'
-    coordinates; ``un`` (n_q,): ``||u||^2``; ``rq`` (n_q,): the queries' norms
-    beyond the ``m`` coordinates; ``head_t`` / ``tail``: the rows' stored
-    coordinates (layout of :mod:`qkm.approximate._search_kernels`); ``yn``
-    (n,): their ``||y||^2``; ``ry`` (n,) float32: the rows' norms beyond them.
-    OUT ``bounds`` (float64), ``pos`` (row positions) at the slots of
-    :func:`qkm.approximate._search_batch.plan`. Two BLAS products per list
-    (run it with one BLAS thread: the products are small).
+    IN ``U`` (n_q, m) float32: the queries' coordinates; ``un`` (n_q,):
+    ``||u||^2``; ``rq`` (n_q,): the queries' norms beyond the ``m``
+    coordinates; ``coords_t``: the rows' stored coordinates (layout of
+    :mod:`qkm.approximate._search_kernels`: each list an (m, n_c) block);
+    ``yn`` (n,): their ``||y||^2``; ``ry`` (n,) float32: the rows' norms
+    beyond them. OUT ``bounds`` (float32), ``pos`` (row positions) at the
+    slots of :func:`qkm.approximate._search_batch.group`. One BLAS product
+    per list (run it with one BLAS thread: the products are small).
     """
-    h = Uh.shape[1]
-    mt = Ut.shape[1]
+    m = U.shape[1]
     most = 0
     for c in range(c0, c1):
         most = max(most, grp_ptr[c + 1] - grp_ptr[c])
-    Gh = np.empty((max(most, 1), h), dtype=np.float32)
-    Gt = np.empty((max(most, 1), mt), dtype=np.float32)
+    G = np.empty((max(most, 1), m), dtype=np.float32)
     for c in range(c0, c1):
         g0 = grp_ptr[c]
         g = grp_ptr[c + 1] - g0
@@ -59,11 +61,8 @@ def bound_lists(c0, c1, Uh, Ut, un, rq, head_t, tail, yn, ry, offsets, grp_ptr, 
         if g == 0 or n_c == 0:
             continue
         for j in range(g):
-            Gh[j] = Uh[grp_q[g0 + j]]
-            Gt[j] = Ut[grp_q[g0 + j]]
-        dots = np.dot(Gh[:g], head_t[h * lo:h * (lo + n_c)].reshape((h, n_c)))
-        if mt > 0:
-            dots += np.dot(Gt[:g], tail[lo:lo + n_c].T)
+            G[j] = U[grp_q[g0 + j]]
+        dots = np.dot(G[:g], coords_t[m * lo:m * (lo + n_c)].reshape((m, n_c)))
         for j in range(g):
             q = grp_q[g0 + j]
             s0 = grp_slot[g0 + j]
@@ -71,7 +70,7 @@ def bound_lists(c0, c1, Uh, Ut, un, rq, head_t, tail, yn, ry, offsets, grp_ptr, 
             rqq = rq[q]
             for r in range(n_c):
                 e = rqq - np.float64(ry[lo + r])
-                bounds[s0 + r] = uq + yn[lo + r] - 2.0 * np.float64(dots[j, r]) + e * e
+                bounds[s0 + r] = np.float32(uq + yn[lo + r] - 2.0 * np.float64(dots[j, r]) + e * e)
                 pos[s0 + r] = lo + r
 
 
@@ -105,7 +104,7 @@ def finish(i0, i1, Q, nq, err, nmax, base, bounds, pos, cand, rows, row_ids, out
         xq = Q[i]
         for t in range(n_first):
             for j in range(0, rows.shape[1], 64 // rows.itemsize):
-                _prefetch(rows, p_of[first[t]], j)
+                _prefetch(rows, np.int64(p_of[first[t]]), j)
         for t in range(n_first):
             s = first[t]
             d = _exact_dense(xq, rows[p_of[s]], acc, od[k - 1])
@@ -121,10 +120,10 @@ def finish(i0, i1, Q, nq, err, nmax, base, bounds, pos, cand, rows, row_ids, out
                 n_c += 1
         for t in range(min(n_c, ROW_PREFETCH_AHEAD)):
             for j in range(0, rows.shape[1], 64 // rows.itemsize):
-                _prefetch(rows, p_of[cand[t]], j)
+                _prefetch(rows, np.int64(p_of[cand[t]]), j)
         for t in range(n_c):
             if t + ROW_PREFETCH_AHEAD < n_c:
-                row = p_of[cand[t + ROW_PREFETCH_AHEAD]]
+                row = np.int64(p_of[cand[t + ROW_PREFETCH_AHEAD]])
                 for j in range(0, rows.shape[1], 64 // rows.itemsize):
                     _prefetch(rows, row, j)
             kth = od[k - 1]

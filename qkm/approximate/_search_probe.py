@@ -33,9 +33,8 @@ def _project(q, mean, basis, shift, j1, z, xq, nz):  # IN q (D,), mean, basis (D
         xq[i] = v
         a = v - mean[i]
         nq += a * a
-        if v != 0.0:
-            nz[cnt] = i
-            cnt += 1
+        nz[cnt] = i  # branch-free: kept only when nonzero (image rows are half zeros, in no order a branch predicts)
+        cnt += v != 0.0
     zz = z[:j1]
     for j in range(j1):
         zz[j] = -shift[j]
@@ -94,13 +93,27 @@ def _center_distances(u, codec, centers_t, pd32, pd):  # IN u (>= h,), centers_t
     h, L = centers_t.shape
     for c in range(L):
         pd32[c] = 0.0
-    for j in range(h):
+    j = 0
+    while j + 2 <= h:  # two coordinates per pass over the lists (the same additions, in the same order)
+        u0 = u[j]
+        u1 = u[j + 1]
+        w0 = codec[j, 2]
+        w1 = codec[j + 1, 2]
+        col0 = centers_t[j]
+        col1 = centers_t[j + 1]
+        for c in range(L):
+            t0 = u0 - np.float32(col0[c])
+            t1 = u1 - np.float32(col1[c])
+            pd32[c] = (pd32[c] + w0 * (t0 * t0)) + w1 * (t1 * t1)
+        j += 2
+    while j < h:
         uj = u[j]
         wj = codec[j, 2]
         col = centers_t[j]
         for c in range(L):
             t = uj - np.float32(col[c])
             pd32[c] += wj * (t * t)
+        j += 1
     for c in range(L):
         pd[c] = pd32[c]
 
@@ -118,11 +131,10 @@ def _select_lists(pd, sizes, nprobe, k, probe):  # IN pd (L,), sizes (L,); OUT p
     """
     L = pd.shape[0]
     p = 0
+    worst = np.inf  # the distance of the last kept list once nprobe are kept (lists come in increasing index)
     for c in range(L):
-        if sizes[c] == 0:
-            continue
         d = pd[c]
-        if p == nprobe and not _before(d, c, pd[probe[p - 1]], probe[p - 1]):
+        if p == nprobe and not d < worst or sizes[c] == 0:  # a later list ties after the kept ones
             continue
         t = p if p < nprobe else nprobe - 1
         while t > 0 and _before(d, c, pd[probe[t - 1]], probe[t - 1]):
@@ -131,6 +143,8 @@ def _select_lists(pd, sizes, nprobe, k, probe):  # IN pd (L,), sizes (L,); OUT p
         probe[t] = c
         if p < nprobe:
             p += 1
+        if p == nprobe:
+            worst = pd[probe[p - 1]]
     total = 0
     for t in range(p):
         total += sizes[probe[t]]
@@ -183,3 +197,40 @@ def probe_distances(Q, qdata, qind, qptr, sparse, ix, out):  # OUT out (n_q, L) 
                 _project(Q[i], mean, basis, shift, h, z, xq, nz)
             _codes(z, codec, h, u)
             _center_distances(u, codec, centers_t, pd32, out[i])
+
+
+@njit(**_JIT)
+def probe_batch(i0, i1, Q, ix, given, own, nprobe, k, zh, nq, chosen, n_chosen):
+    """Lists probed by the dense queries ``i0 <= i < i1`` of a batch, chosen as :func:`_select_lists` does for one.
+
+    IN ``Q`` (n_q, D) float64; ``given`` (n_q, L): the lists' distances
+    when not ``own``. OUT ``zh`` (n_q, h): the head coordinates (as the
+    search kernel projects them), ``nq``: ``||q - mean||^2``, ``chosen``
+    (n_q, >= the most lists probed) and ``n_chosen``: the probed lists,
+    nearest first (none for a query that is not finite).
+    """
+    mean, basis, shift, codec, centers_t, sizes = ix[:6]
+    h = zh.shape[1]
+    L = sizes.shape[0]
+    D = basis.shape[0]
+    z = np.empty(h)
+    xq = np.empty(D)
+    nz = np.empty(D, dtype=np.int64)
+    u = np.empty(h, dtype=np.float32)
+    pd32 = np.empty(L, dtype=np.float32)
+    pd = np.empty(L)
+    probe = np.empty(L, dtype=np.int64)
+    for i in range(i0, i1):
+        nq[i] = _project(Q[i], mean, basis, shift, h, z, xq, nz)
+        zh[i] = z
+        if not np.isfinite(nq[i]):
+            n_chosen[i] = 0
+            continue
+        if own:
+            _codes(z, codec, h, u)
+            _center_distances(u, codec, centers_t, pd32, pd)
+            p = _select_lists(pd, sizes, nprobe, k, probe)
+        else:
+            p = _select_lists(given[i], sizes, nprobe, k, probe)
+        n_chosen[i] = p
+        chosen[i, :p] = probe[:p]

@@ -23,7 +23,9 @@ shard), so labels, centres and inertia are those of ``KMeans.fit`` on the
 whole data in memory, for any number of workers.
 """
 
+import collections
 import itertools
+import time
 import uuid
 
 import numpy as np
@@ -34,6 +36,7 @@ from .._shards import check_layout, read_manifest
 from . import _shard_tasks as T
 from ._cluster import SchedulerUnreachable, VersionMismatch, check_versions, connect
 from ._fit import fit_kmeans
+from ._timeline import Timeline
 
 __all__ = ["ShardedData", "connect", "check_versions", "SchedulerUnreachable", "VersionMismatch", "StateLost"]
 
@@ -66,15 +69,27 @@ class ShardedData:
         numba threads of each shard task.
     max_retries : int, default=3
         Times an iteration is run again after a worker was lost.
+    direct_to_workers : bool, default=None
+        Send the centres to, and fetch the combined sums from, the workers
+        directly instead of through the scheduler (one hop less each way,
+        as Dask's ``Client(direct_to_workers=True)``). ``None``: the client's
+        ``direct_to_workers`` if set, else True. Set False when the workers
+        are not reachable from this process.
 
     Attributes
     ----------
     manifest : dict
     shape : tuple of int
+    rounds : collections.deque
+        Per iteration of the last fit (the last ``ROUNDS_KEPT``): ``(start, end, events)``, each event
+        ``(process id, shard or -1, phase, start, end)`` in wall-clock seconds, from the driver and the shard
+        tasks (diagnostics; ``benchmarks/distributed_phases.py`` tabulates them).
     """
 
+    ROUNDS_KEPT = 50
+
     def __init__(self, path, client=None, *, verify=True, init_sample_size=100_000, threads_per_task=1,
-                 max_retries=3):
+                 max_retries=3, direct_to_workers=None):
         if client is None:
             from distributed import get_client
 
@@ -85,6 +100,9 @@ class ShardedData:
         self.init_sample_size = int(init_sample_size)
         self.threads_per_task = int(threads_per_task)
         self.max_retries = int(max_retries)
+        if direct_to_workers is None:
+            direct_to_workers = getattr(client, "direct_to_workers", None)
+        self.direct = True if direct_to_workers is None else bool(direct_to_workers)
         sizes = [int(e["n_rows"]) for e in m["shards"]]
         check_layout(sizes, _config.REDUCE_BLOCK_ROWS)
         self.n_rows, self.n_features, self.nnz = int(m["n_rows"]), int(m["n_features"]), int(m["nnz"])
@@ -102,6 +120,9 @@ class ShardedData:
         self.n_retries = 0
         self.buffers = T.BufferRing()  # the driver's K x D arrays, reused across iterations
         self.poll_seconds = 1.0
+        self.timeline = Timeline()  # phases of the driver and of the shard tasks (diagnostics)
+        self.rounds = collections.deque(maxlen=self.ROUNDS_KEPT)  # phases of the last fit's iterations
+        self.seeding_steps = []  # bytes sent and received by each step of the last k-means|| seeding
 
     # ------------------------------------------------------------------ #
     # the protocol KMeans.fit looks for
@@ -157,9 +178,15 @@ class ShardedData:
     # one round: the same function on every shard, results added in the fixed tree order
     def _scatter(self, obj):
         if isinstance(obj, tuple) and self.sparse:
-            obj = T.compact_pack(obj)
+            with self.timeline.phase("compact"):
+                obj = T.compact_pack(obj)
         self._sent += sum(T._nbytes(a) for a in (obj if isinstance(obj, tuple) else (obj,)))
-        return self.client.scatter([obj], hash=False)[0]
+        with self.timeline.phase("scatter"):
+            return self.client.scatter([obj], hash=False, direct=self.direct)[0]
+
+    def gather(self, futures):
+        """``client.gather`` straight from the workers unless ``direct_to_workers=False``."""
+        return self.client.gather(futures, direct=self.direct)
 
     def _submit_each(self, fn, *args, **kwargs):
         """``fn(shard, ...)`` on every shard, pinned to the worker holding it and its state (no work stealing:
@@ -191,18 +218,23 @@ class ShardedData:
         if not same_pack or self._pack is None:
             self._pack = self._scatter(pack)
         kwargs = {} if rebuild is None else {"rebuild": self._scatter(rebuild)}
-        values = self._submit_each(fn, self._pack, *args, **kwargs)
-        for a, b in merge_plan((self.starts // _config.REDUCE_BLOCK_ROWS).tolist()):
-            values[a] = self.client.submit(T.combine, values[a], values[b], pure=False)
-        self._wait([values[0]])
-        out = values[0].result()
+        tl = self.timeline
+        with tl.phase("submit"):
+            values = self._submit_each(fn, self._pack, *args, **kwargs)
+            for a, b in merge_plan((self.starts // _config.REDUCE_BLOCK_ROWS).tolist()):
+                values[a] = self.client.submit(T.combine, values[a], values[b], pure=False)
+        with tl.phase("wait"):
+            self._wait([values[0]])
+        with tl.phase("result"):
+            out = self.gather(values[0])
+        tl.add(out.events)
         self._received += out.nbytes
         return out
 
     def gather_each(self, fn, *args):
         futures = self._submit_each(fn, *args)
         self._wait(futures)
-        out = self.client.gather(futures)
+        out = self.gather(futures)
         self._received += sum(T._nbytes(a) for r in out for a in (r if isinstance(r, tuple) else (r,)))
         return out
 
@@ -223,9 +255,9 @@ class ShardedData:
             self._wait([fut])
             if sparse:
                 picks.append(pick)
-                parts.append(fut.result())
+                parts.append(self.gather(fut))
             else:
-                out[pick] = fut.result()
+                out[pick] = self.gather(fut)
         if sparse:  # the shards' rows back in the given order
             position = np.empty(len(global_rows), dtype=np.int64)
             position[np.concatenate(picks)] = np.arange(len(global_rows))
@@ -261,6 +293,16 @@ class ShardedData:
 
     def reset_traffic(self):
         self._sent = self._received = 0
+        self.timeline.take()
+        self.rounds.clear()
+        self._round_start = time.time()
+
+    def end_round(self):
+        """Keep the phases recorded since the last call as one iteration's: ``(start, end, events)`` (the last
+        :attr:`ROUNDS_KEPT` iterations only: their events grow with the number of shards)."""
+        now = time.time()
+        self.rounds.append((getattr(self, "_round_start", now), now, self.timeline.take()))
+        self._round_start = now
 
     def traffic_since_last(self):
         out = {"sent_bytes": self._sent, "received_bytes": self._received}

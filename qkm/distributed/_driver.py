@@ -38,13 +38,13 @@ def update_means(sd, part, C, key, it, elkan, C_new, repair=True):
     the result are the sizes after the repair (moved points counted in their new cluster).
     """
     k = C.shape[0]
-    np.copyto(C_new, C)
     shift_sq = np.empty(k, dtype=np.float64)
     sums = part.sums
     if sp.issparse(sums):
         sums = sp.csr_matrix(sums)
-        means_from_csr_sums(sums.indptr, sums.indices, sums.data, part.counts, C_new, shift_sq)
+        means_from_csr_sums(sums.indptr, sums.indices, sums.data, part.counts, C, C_new, shift_sq)
     else:
+        np.copyto(C_new, C)
         means_from_sums(sums, part.counts, C_new, shift_sq)
     c_sq = centroid_sq_norms(C_new)
     counts = part.counts.copy()
@@ -116,13 +116,15 @@ def run_lloyd(sd, centers_init, *, max_iter, tol, tol_wcss=0.0, verbose=0, log=N
 
         def attempt(rebuild, it=it, C=C, c_sq=c_sq, C_prev=C_prev, out=out):
             part = sd.map_reduce(T.lloyd_step, (C, c_sq), key, it, rebuild=C_prev if rebuild else None)
-            return part, update_means(sd, part, C, key, it, False, out)
+            with sd.timeline.phase("means"):
+                return part, update_means(sd, part, C, key, it, False, out)
 
         part, up = sd.retrying(attempt)
         wcss = part.wcss
         shift_total = float(up.shift_sq.sum())
         log.record(it, wcss=wcss, shift=shift_total, storage="shards", relocated=up.relocated,
                    seconds=time.perf_counter() - t0, shard_seconds=part.seconds, **sd.traffic_since_last())
+        sd.end_round()
         strict, stop = rule.check_changed(part.n_changed, shift_total, wcss)
         C_prev, C, c_sq = (C, c_sq), up.C, up.c_sq
         if stop:

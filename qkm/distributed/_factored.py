@@ -64,6 +64,7 @@ class ShardPass:
         self.round += 1
         self.packs = (self.packs[1], T.ChainPack(operator.factors, operator.mean, self.dtype,
                                                     getattr(operator, "norms", None)))
+        self.sd.end_round()  # the previous iteration's refit and means end there
         self.part = part = self.sd.retrying(self._run)
         info = {"path": "+".join(sorted(set(part.paths))), "storage": "shards", "shard_seconds": part.seconds}
         return part.wcss, part.n_changed, {**info, **self.sd.traffic_since_last()}
@@ -72,9 +73,10 @@ class ShardPass:
         def attempt(rebuild):
             if rebuild:  # a worker was lost since the assignment: its shards' labels are rebuilt first
                 self.part = self._run(True)
-            if sp.issparse(U):
-                return update_means_csr(self.sd, self.part, U, self.key, self.round, repair)
-            return update_means(self.sd, self.part, U, self.key, self.round, False, np.empty_like(U), repair)
+            with self.sd.timeline.phase("means"):
+                if sp.issparse(U):
+                    return update_means_csr(self.sd, self.part, U, self.key, self.round, repair)
+                return update_means(self.sd, self.part, U, self.key, self.round, False, np.empty_like(U), repair)
 
         up = self.sd.retrying(attempt)
         counts[:] = up.counts

@@ -16,6 +16,7 @@ from numba import njit, prange
 
 from ..factorization._kernels import _JIT
 from ..operator import DenseOperator
+from ._timeline import nested_phase
 
 __all__ = ["ChainPack", "BufferRing", "compact_pack"]
 
@@ -114,17 +115,111 @@ class _SharedOperator(DenseOperator):
 
     def column_nnz(self):
         with self._lock:
-            return super().column_nnz()
+            if self._col_nnz is None:
+                with nested_phase("assign/column_nnz"):
+                    return super().column_nnz()
+            return self._col_nnz
 
     def dense_transpose(self, buffer=None):
         with self._lock:
             if self._dense_ct is None:
-                return super().dense_transpose(_RING.get(self.C.shape[::-1], self.C.dtype))
+                with nested_phase("assign/transpose"):
+                    return super().dense_transpose(_RING.get(self.C.shape[::-1], self.C.dtype))
             return self._dense_ct
 
     def sparse_transpose(self):
         with self._lock:
-            return super().sparse_transpose()
+            if self._sparse_ct is None:
+                with nested_phase("assign/transpose"):
+                    return super().sparse_transpose()
+            return self._sparse_ct
+
+
+@njit(**_JIT)
+def _csr_column_nnz(indices, data, out):
+    """OUT out[k] = number of nonzero entries of column k of a CSR matrix (explicit zeros not counted)."""
+    out[:] = 0
+    for q in range(indices.shape[0]):
+        if data[q] != 0:
+            out[indices[q]] += 1
+
+
+@njit(**_JIT)
+def _csr_fill_transpose(indptr, indices, data, ct_ptr, ct_idx, ct_val):
+    """OUT CSR of C^T from the CSR of C: the arrays :func:`~qkm.factorization._kernels.fill_sparse_transpose`
+    makes from the dense C (rows of C^T by increasing cluster, zeros left out)."""
+    fill = ct_ptr[:-1].copy()
+    for j in range(indptr.shape[0] - 1):
+        for q in range(indptr[j], indptr[j + 1]):
+            v = data[q]
+            if v != 0:
+                k = indices[q]
+                ct_idx[fill[k]] = j
+                ct_val[fill[k]] = v
+                fill[k] += 1
+
+
+@njit(**_JIT)
+def _csr_fill_dense_transpose(indptr, indices, data, CT):
+    """OUT CT = C^T (zeros first) from the CSR of C."""
+    CT[:] = 0
+    for j in range(indptr.shape[0] - 1):
+        for q in range(indptr[j], indptr[j + 1]):
+            CT[indices[q], j] = data[q]
+
+
+class _SharedCSROperator(_SharedOperator):
+    """:class:`_SharedOperator` of a compact (CSR) pack: the layouts of C^T are built from the CSR in
+    O(nnz) and the dense ``C`` (a pass over K x D) only when a kernel asks for it (Elkan's bounds)."""
+
+    def __init__(self, C_csr, c_sq):
+        self._csr = C_csr
+        self._C = None
+        self.n_clusters, self.n_features = C_csr.shape
+        self.dtype = C_csr.dtype
+        self.c_sq = c_sq
+        self.storage = None
+        self._col_nnz = None
+        self._dense_ct = None
+        self._sparse_ct = None
+        self._lock = threading.RLock()
+
+    @property
+    def C(self):
+        with self._lock:
+            if self._C is None:
+                with nested_phase("assign/densify"):
+                    self._C = _unpack((self._csr,))[0]
+            return self._C
+
+    def column_nnz(self):
+        with self._lock:
+            if self._col_nnz is None:
+                with nested_phase("assign/column_nnz"):
+                    self._col_nnz = np.empty(self.n_features, dtype=np.int64)
+                    _csr_column_nnz(self._csr.indices, self._csr.data, self._col_nnz)
+            return self._col_nnz
+
+    def dense_transpose(self, buffer=None):
+        with self._lock:
+            if self._dense_ct is None:
+                with nested_phase("assign/transpose"):
+                    CT = _RING.get((self.n_features, self.n_clusters), self.dtype)
+                    _csr_fill_dense_transpose(self._csr.indptr, self._csr.indices, self._csr.data, CT)
+                    self._dense_ct = CT
+            return self._dense_ct
+
+    def sparse_transpose(self):
+        with self._lock:
+            if self._sparse_ct is None:
+                with nested_phase("assign/transpose"):
+                    ptr = np.zeros(self.n_features + 1, dtype=np.int64)
+                    np.cumsum(self.column_nnz(), out=ptr[1:])
+                    idx = np.empty(ptr[-1], dtype=np.int32)
+                    val = np.empty(ptr[-1], dtype=self.dtype)
+                    _csr_fill_transpose(self._csr.indptr, self._csr.indices, self._csr.data, ptr, idx, val)
+                    self._sparse_ct = (ptr, idx, val)
+            return self._sparse_ct
 
 
 class ChainPack:
@@ -183,8 +278,10 @@ def _operator(pack):
             return hit[1]
         if isinstance(pack, ChainPack):
             op = _chain_operator(pack)
+        elif sp.issparse(pack[0]):
+            op = _SharedCSROperator(sp.csr_matrix(pack[0]), pack[1])
         else:
-            op = _SharedOperator(*_unpack(pack)[:2])
+            op = _SharedOperator(*pack[:2])
         _OPERATORS[id(pack)] = (pack, op)
         while len(_OPERATORS) > 2:
             _OPERATORS.popitem(last=False)

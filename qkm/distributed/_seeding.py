@@ -78,18 +78,23 @@ def _map_chunks(sd, key):
     def map_chunks(fn, refs, *args):
         futures = sd.load()
         shipped = []
+        sent = 0
         for a in args:  # arrays and centre blocks sent once, not once per shard
             if isinstance(a, (int, float, np.integer, np.floating)):
                 shipped.append(a)
             else:
-                sd._sent += sum(T._nbytes(v) for v in getattr(a, "__dict__", {"a": a}).values())
-                shipped.append(sd.client.scatter(a, hash=False))
+                sent += sum(T._nbytes(v) for v in getattr(a, "__dict__", {"a": a}).values())
+                shipped.append(sd.client.scatter(a, hash=False, direct=sd.direct))
+        sd._sent += sent
         tasks = [sd.client.submit(kmpar_call, futures[r.position], key, fn, *shipped,
                                   workers=[sd.owners[r.position]], allow_other_workers=False, pure=False)
                  for r in refs]
         sd._wait(tasks)
-        out = sd.client.gather(tasks)
-        sd._received += sum(T._nbytes(o) for o in out)
+        out = sd.gather(tasks)
+        received = sum(T._nbytes(o) for o in out)
+        sd._received += received
+        sd.seeding_steps.append({"step": getattr(fn, "__name__", str(fn)), "sent_bytes": sent,
+                                 "received_bytes": received})
         return out
 
     return map_chunks
@@ -100,6 +105,7 @@ def _kmeans_parallel(seeding, sd, n_clusters, rng, key, sparse_centers=False):
     state = rng.get_state()
 
     def attempt(rebuild):
+        sd.seeding_steps = []  # bytes of each step of the seeding (diagnostics)
         if rebuild:  # a worker was lost mid-seeding: start the seeding again with the same draws
             rng.set_state(state)
         tag = (key, "kmpar", time.perf_counter_ns())
@@ -128,7 +134,7 @@ def _sample(sd, rng):
                               allow_other_workers=False, pure=False)
              for f, c, i, w in zip(futures, counts, sd.shards, sd.owners) if c > 0]
     sd._wait(parts)
-    return _stack(sd.client.gather(parts))
+    return _stack(sd.gather(parts))
 
 
 def _random_rows(sd, n_clusters, rng, sparse=False):

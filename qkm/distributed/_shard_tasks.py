@@ -14,6 +14,7 @@ built with the shard's global first row, so its sums are nodes of the fixed
 summation tree (:mod:`qkm._reduce`).
 """
 
+import contextlib
 import hashlib
 import time
 
@@ -27,9 +28,12 @@ from ..clustering._elkan import _own_sq_distances, _pairs_pass, _set_upper
 from ..clustering._init import distinct_row_indices
 from .._shards import check_fingerprint, load_shard, shard_fingerprint
 from .._threads import numba_threads
+from ._timeline import task_timeline
 from ._packs import BufferRing, ChainPack, _make_operator, _nbytes, _operator, _unpack, compact_pack  # noqa: F401
 
 __all__ = ["Shard", "StateLost", "Partial", "combine"]
+
+_NO_PHASE = contextlib.nullcontext()
 
 
 class StateLost(RuntimeError):
@@ -78,11 +82,12 @@ class Partial:
     """Sums of one shard (or of a node of shards): added by :func:`combine` in the fixed tree order."""
 
     def __init__(self, counts=None, sums=None, wcss=0.0, n_changed=0, n_pairs=0, vector=None, seconds=0.0,
-                 paths=()):
+                 paths=(), events=()):
         self.counts, self.sums, self.wcss = counts, sums, float(wcss)
         self.n_changed, self.n_pairs, self.vector = int(n_changed), int(n_pairs), vector
         self.seconds = float(seconds)  # time spent in the shard tasks (diagnostics)
         self.paths = tuple(sorted(set(paths)))  # execution paths of a factor chain's assignment (diagnostics)
+        self.events = tuple(events)  # phases of the tasks that made it (diagnostics, :mod:`._timeline`)
 
     @property
     def nbytes(self):
@@ -101,8 +106,11 @@ def _add(a, b):
 
 def combine(a, b):
     """``a + b`` term by term (new arrays: task inputs are never modified)."""
-    return Partial(_add(a.counts, b.counts), _add(a.sums, b.sums), a.wcss + b.wcss, a.n_changed + b.n_changed,
-                   a.n_pairs + b.n_pairs, _add(a.vector, b.vector), a.seconds + b.seconds, a.paths + b.paths)
+    with task_timeline() as tl, tl.phase("combine"):
+        out = Partial(_add(a.counts, b.counts), _add(a.sums, b.sums), a.wcss + b.wcss, a.n_changed + b.n_changed,
+                      a.n_pairs + b.n_pairs, _add(a.vector, b.vector), a.seconds + b.seconds, a.paths + b.paths)
+    out.events = a.events + b.events + tuple(tl.events)
+    return out
 
 
 # --------------------------------------------------------------------------- #
@@ -197,10 +205,11 @@ def _state(shard, key, it, rebuild):
     return st
 
 
-def _finish_step(shard, st, labels_old, it, wcss, extra=None):
+def _finish_step(shard, st, labels_old, it, wcss, extra=None, tl=None):
     n_changed = int(np.count_nonzero(st.labels != labels_old))
     k = st.layouts.n_clusters
-    counts, sums = shard.data.cluster_sums(st.labels, k)
+    with tl.phase("sums", shard.index) if tl is not None else _NO_PHASE:
+        counts, sums = shard.data.cluster_sums(st.labels, k)
     st.it = it
     return Partial(counts=counts, sums=sums, wcss=wcss, n_changed=n_changed, **(extra or {}))
 
@@ -208,18 +217,25 @@ def _finish_step(shard, st, labels_old, it, wcss, extra=None):
 def lloyd_step(shard, pack, key, it, rebuild=None):
     """Assign with ``pack`` (``(C, c_sq)`` or a :class:`ChainPack`), then the shard's cluster sums, sizes, WCSS and changed labels."""
     t0 = time.perf_counter()
-    shard.check()
-    with shard.threads():
-        st = _state(shard, key, it, rebuild)
-        labels_old = st.labels.copy()
-        st.layouts = _operator(pack)
-        st.it = -2  # mid-update
-        shard.data.assign(st.layouts, st.labels, st.partial)
-        st.sq = shard.data.sq_distances(st.partial)
-        st.own_sq = None
-        paths = (st.layouts.execution_path(shard.n_rows),) if isinstance(pack, ChainPack) else ()
-        part = _finish_step(shard, st, labels_old, it, shard.data.total(st.sq), {"paths": paths})
+    with task_timeline() as tl:
+        with tl.phase("check", shard.index):
+            shard.check()
+        with shard.threads():
+            st = _state(shard, key, it, rebuild)
+            labels_old = st.labels.copy()
+            with tl.phase("operator", shard.index):
+                st.layouts = _operator(pack)
+            st.it = -2  # mid-update
+            with tl.phase("assign", shard.index):
+                shard.data.assign(st.layouts, st.labels, st.partial)
+            with tl.phase("sq_distances", shard.index):
+                st.sq = shard.data.sq_distances(st.partial)
+                wcss = shard.data.total(st.sq)
+            st.own_sq = None
+            paths = (st.layouts.execution_path(shard.n_rows),) if isinstance(pack, ChainPack) else ()
+            part = _finish_step(shard, st, labels_old, it, wcss, {"paths": paths}, tl)
     part.seconds = time.perf_counter() - t0
+    part.events = tuple(tl.events)
     return part
 
 

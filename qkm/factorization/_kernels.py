@@ -200,10 +200,16 @@ def group_by_label(labels, K, order, offsets):
 @njit(inline="always", **_JIT)
 def _store_mean(j, acc, inv, C, shift_sq):
     """C[j] <- acc * inv in C's dtype; shift_sq[j] <- squared move."""
+    _store_mean_from(j, acc, inv, C, C, shift_sq)
+
+
+@njit(inline="always", **_JIT)
+def _store_mean_from(j, acc, inv, C_old, C, shift_sq):
+    """C[j] <- acc * inv in C's dtype; shift_sq[j] <- squared move from C_old[j] (may be C itself)."""
     D = acc.shape[0]
     s = 0.0
     for k in range(D):
-        old = np.float64(C[j, k])
+        old = np.float64(C_old[j, k])
         C[j, k] = acc[k] * inv
         dv = np.float64(C[j, k]) - old
         s += dv * dv

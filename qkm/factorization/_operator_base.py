@@ -235,17 +235,17 @@ class DenseOperator(CentroidOperator):
                                   labels, partial_best, lb, write_lb)
 
     def _assign_rows_sparse(self, data, rows, labels, partial_best, lb, write_lb):
-        k = self.C.shape[0]
+        k = self.n_clusters
         fraction = rows.shape[0] / max(data.n_samples, 1)
         dense_work = data.nnz * k * fraction
         sparse_work = float(data.doc_freq @ self.column_nnz()) * fraction
         storage = data.storage_chooser.choose(dense_work, sparse_work)
         if storage == "sparse":
             ptr, idx, val = self.sparse_transpose()
-            CT = np.zeros((0, k), dtype=self.C.dtype)
+            CT = np.zeros((0, k), dtype=self.dtype)
         else:
-            CT = self.dense_transpose(data.ct_buffer(self.C.shape[::-1], self.C.dtype))
-            ptr, idx, val = _NO_SPARSE_CT[0], _NO_SPARSE_CT[1], np.zeros(0, dtype=self.C.dtype)
+            CT = self.dense_transpose(data.ct_buffer((self.n_features, k), self.dtype))
+            ptr, idx, val = _NO_SPARSE_CT[0], _NO_SPARSE_CT[1], np.zeros(0, dtype=self.dtype)
         X = data.X
         compiled_before = _n_compiled()
         t0 = time.perf_counter()  # the kernel only: building a layout is a one-off per centroid set
