@@ -77,9 +77,9 @@ class Nystroem(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator)
         estimator (for instance after :func:`sklearn.base.clone`) is cloned
         and fitted on ``X``.
     sparsity_level : int, default=3
-        ``landmarks="qkmeans"``: non-zeros per row and column of every factor.
+        ``landmarks="qkmeans"``: :class:`qkm.QKMeans`' ``sparsity_level`` (the values of the paper's chain).
     n_factors : int or None, default=None
-        ``landmarks="qkmeans"``: number of factors (default ``floor(log2 max(K, D))``).
+        ``landmarks="qkmeans"``: number of factors (default: :class:`qkm.QKMeans`' default chain).
     landmark_params : dict or None, default=None
         Keyword arguments of the :class:`qkm.QKMeans` / :class:`qkm.KMeans`
         that learns the landmarks (e.g. ``{"max_iter": 20}``); they override

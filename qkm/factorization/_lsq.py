@@ -372,18 +372,26 @@ def lsq_palm(WT, w, S, lam, projs, max_iter, tol, support_iter, ols_last=True):
                      f0, "dense", WT.shape[1])
 
 
-#: How :func:`factor_budgets` splits the values of a chain: "even" (the default), "wide" or "total".
+#: How :func:`factor_budgets` splits the values of a chain: "even", "wide" or "total" (QKMeans' default).
 BUDGET_SPLITS = ("even", "wide", "total")
 
 
+def paper_n_factors(n_rows, n_cols):
+    """``floor(log2(max(K, D)))`` (at least 1): the number of factors of the paper's chain.
+
+    >>> paper_n_factors(64, 784)
+    9
+    """
+    return max(1, int(math.floor(math.log2(max(n_rows, n_cols, 1)))))
+
+
 def paper_total(n_rows, n_cols, s):
-    """``sum s * max(r, c)`` over the paper's chain of ``floor(log2(max(K, D)))`` factors (capped by size).
+    """``sum s * max(r, c)`` over the paper's chain of :func:`paper_n_factors` factors (capped by size).
 
     >>> paper_total(64, 784, 3)
     3888
     """
-    q = max(1, int(math.floor(math.log2(max(n_rows, n_cols, 1)))))
-    return sum(min(s * max(r, c), r * c) for r, c in chain_shapes(n_rows, n_cols, q))
+    return sum(min(s * max(r, c), r * c) for r, c in chain_shapes(n_rows, n_cols, paper_n_factors(n_rows, n_cols)))
 
 
 def factor_budgets(shapes, s, split="even"):
@@ -417,8 +425,9 @@ def factor_budgets(shapes, s, split="even"):
     ``s * max(rows, cols)`` and the others share the rest evenly (each capped
     by its size), so a short chain has denser inner factors (3 factors at
     K = 64, D = 784, s = 3: 768, 768 and 2,352). On the paper's chain it is the
-    even split. Measured on Fashion-MNIST (K = 64, 20 Lloyd iterations;
-    ``benchmarks/results/qkmeans_ami_s3.md``): 2 factors (1,536 and 2,352
+    even split. With 2 factors it is :class:`qkm.QKMeans`' default chain:
+    measured on Fashion-MNIST (K = 64, 20 Lloyd iterations;
+    ``benchmarks/results/qkmeans_ami_s3.md``), 2 factors (1,536 and 2,352
     values) keep every cluster and raise the AMI over the 9-factor even chain
     at the same 3,888 values.
 
