@@ -425,7 +425,7 @@ def factor_budgets(shapes, s, split="even"):
     ``s * max(rows, cols)`` and the others share the rest evenly (each capped
     by its size), so a short chain has denser inner factors (3 factors at
     K = 64, D = 784, s = 3: 768, 768 and 2,352). On the paper's chain it is the
-    even split. With 2 factors it is :class:`qkm.QKMeans`' default chain:
+    even split. With 2 factors it is :class:`qkm.QKMeans`' default chain (K <= D):
     measured on Fashion-MNIST (K = 64, 20 Lloyd iterations;
     ``benchmarks/results/qkmeans_ami_s3.md``), 2 factors (1,536 and 2,352
     values) keep every cluster and raise the AMI over the 9-factor even chain
