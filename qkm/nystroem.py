@@ -82,8 +82,8 @@ class Nystroem(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator)
         ``landmarks="qkmeans"``: number of factors; None: the paper's
         ``floor(log2(max(K, D)))``, each of ``s * max(r, c)`` values (not
         :class:`qkm.QKMeans`' 2-factor default: with it the Nyström +
-        LinearSVC accuracy on Fashion-MNIST, K = 64, s = 3, fell to 0.8082 /
-        0.8064 on seeds 0 / 1 against 0.8141 / 0.8179 and the goal 0.8119;
+        LinearSVC accuracy on Fashion-MNIST, K = 64, s = 3, fell to 0.8076
+        (mean of seeds 0-4) against 0.8155 and the goal 0.8119;
         ``benchmarks/README.md``).
     landmark_params : dict or None, default=None
         Keyword arguments of the :class:`qkm.QKMeans` / :class:`qkm.KMeans`
