@@ -149,7 +149,7 @@ def main():
     sys.path.insert(0, str(REPO))
     import qkm
     from qkm.clustering._base import operator_of
-    from qkm.clustering._qkmeans import default_n_factors
+    from qkm.factorization._lsq import paper_n_factors
 
     try:
         import faiss
@@ -253,7 +253,7 @@ def main():
                         ami_test=float(adjusted_mutual_info_score(yt, op.assign(Xt)[0])))
 
         for K, levels in CELLS[name]:
-            Q_f = default_n_factors(K, D)
+            Q_f = paper_n_factors(K, D)   # the paper's chain, as qkm.Nystroem(landmarks="qkmeans") fits
             init = qkm.kmeans_plusplus(X, K, random_state=args.seed, n_jobs=args.threads)[0]
             km, t_km = timed(lambda: qkm.KMeans(K, init=init, n_init=1, n_jobs=args.threads).fit(X))
             ny_uniform, t_un = timed(lambda: qkm.Nystroem(K, landmarks="uniform", random_state=args.seed,
@@ -309,7 +309,7 @@ def main():
                                                  and r.get("K") == K and r.get("s") == s and r["dataset"] == name
                                                  and r["nprobe"] == 1))
                 if method == "qkmeans":
-                    summary.update(n_factors=Q_f, objective=est.inertia_, objective_vs_kmeans=est.inertia_ / km.inertia_ - 1)
+                    summary.update(n_factors=len(est.factors_), objective=est.inertia_, objective_vs_kmeans=est.inertia_ / km.inertia_ - 1)
                 summary_rows.append(summary)
                 print(f"    {label:14s} nystrom err {summary['nystrom_error']:.4f} (gamma {summary['gamma']:.5g}), "
                       f"LinearSVC {summary['svm_accuracy']:.4f}, AMI train {summary['ami_train']:.4f} "

@@ -95,8 +95,8 @@ def _make_estimator(args, init):
                 tol=args.tol if args.tol is not None else 1e-4, center=args.center)
     if args.algorithm == "lowrank":
         return LowRankKMeans(rank=args.rank, **loop, **common)
-    return QKMeans(sparsity_level=args.sparsity_level, n_factors=args.n_factors, palm_max_iter=args.palm_max_iter,
-                   palm_warm_iter=args.palm_warm_iter, **loop, **common)
+    return QKMeans(sparsity_level=args.sparsity_level, n_factors=args.n_factors, budget_split=args.budget_split,
+                   palm_max_iter=args.palm_max_iter, palm_warm_iter=args.palm_warm_iter, **loop, **common)
 
 
 def _cmd_train(args):
@@ -296,9 +296,15 @@ def build_parser():
                    help="also stop when WCSS falls by <= this fraction in one iteration (SystemML); 0 = off")
     g = p.add_argument_group("QK-means (--algorithm qkmeans) and low-rank (--algorithm lowrank)")
     g.add_argument("--sparsity-level", type=int, default=3,
-                   help="s: a factor of shape (r, c) keeps at most s * max(r, c) nonzeros (default: 3)")
+                   help="s: the model keeps at most the values of the paper's chain, s * max(r, c) per factor of "
+                        "shape (r, c) over its floor(log2(max(K, D))) factors (default: 3)")
     g.add_argument("--n-factors", type=int, default=None,
-                   help="number of sparse factors (default: floor(log2(max(K, D))))")
+                   help="number of sparse factors (default: 2 holding the values of the paper's floor(log2(max(K, D))) "
+                        "when K <= D, else the paper's)")
+    g.add_argument("--budget-split", choices=("auto", "total", "even", "wide"), default="auto",
+                   help="how the factors share the values: 'total' (the paper chain's total on any number of "
+                        "factors, the widest keeping s * max(r, c)), 'even' (s * max(r, c) each) or 'wide'; "
+                        "'auto' (default): 'total' on the default chain, 'even' with --n-factors")
     g.add_argument("--palm-warm-iter", type=int, default=None,
                    help="factorisation sweeps per Lloyd iteration (default: 10, or 1 when the means are sparse)")
     g.add_argument("--palm-max-iter", type=int, default=None,

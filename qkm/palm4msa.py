@@ -315,14 +315,16 @@ def factorize(target, n_factors, *, sparsity_level=3, weights=None, max_iter=100
         Least-squares sweeps after the hierarchical start (``>= 0``).
     tol : float, default=1e-6
         Relative objective change that stops the sweeps (and the PALM runs of the start).
-    budget_split : {"even", "wide"}, default="even"
+    budget_split : {"even", "wide", "total"}, default="even"
         "even": factor ``q`` keeps at most ``sparsity_level * max(r, c)``
         nonzeros (the nominal budget of the QuickK-means reference code).
         "wide": the same total, but every factor except the widest (the last
         when ``K < D``, the first when ``K > D``) keeps at most
         ``(sparsity_level - 1) * max(r, c)`` (at least ``max(r, c)``) and the
         widest the rest; the even split when no factor is the widest
-        (``K == D``). See :class:`qkm.QKMeans`.
+        (``K == D``). "total": the total of the paper's chain of
+        ``floor(log2(max(K, D)))`` factors on ``n_factors`` factors, the
+        widest keeping its even budget. See :class:`qkm.QKMeans`.
 
     Returns
     -------

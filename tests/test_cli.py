@@ -57,7 +57,7 @@ def test_train_structured_centroids(files, algorithm, extra):
     assert model.kind == "factor-chain" and model.metadata["algorithm"] == algorithm
     assert len(model.operator.factors) == 2
     if algorithm == "qkmeans":
-        assert all(f.nnz <= 2 * max(f.shape) for f in model.operator.factors)  # s * max(rows, cols) each
+        assert all(f.nnz <= 2 * max(f.shape) for f in model.operator.factors)  # given n_factors: s * max(rows, cols) each
     np.testing.assert_array_equal(model.predict(X), np.loadtxt(d / f"{algorithm}.txt", dtype=int))
     summary = __import__("json").loads(r.stdout)
     assert summary["nnz"] == model.operator.nnz and summary["algorithm"] == algorithm

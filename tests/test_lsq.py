@@ -88,10 +88,33 @@ def test_wide_budgets_keep_the_even_total_and_fit_their_factors(K, D, Q, s):
         assert all(wide[q] == min((s - 1) * widths[q], even[q]) for q in others)
 
 
+@pytest.mark.parametrize("K, D, s", [(64, 784, 3), (20, 1024, 5), (256, 118, 3), (8, 8, 2), (5, 40, 1)])
+@pytest.mark.parametrize("Q", [2, 3, 4])
+def test_total_budget_split_keeps_the_paper_chains_total(K, D, s, Q):
+    """Naive reference: the paper chain's sum of s * max(r, c); the widest keeps its even budget, the rest even."""
+    import math
+    paper_q = max(1, int(math.floor(math.log2(max(K, D)))))
+    total = sum(min(s * max(r, c), r * c) for r, c in chain_shapes(K, D, paper_q))
+    shapes = chain_shapes(K, D, Q)
+    got = [k for _, k in factor_budgets(shapes, s, "total")]
+    sizes = [r * c for r, c in shapes]
+    assert all(0 < k <= n for k, n in zip(got, sizes))
+    widths = [max(r, c) for r, c in shapes]
+    widest = widths.index(max(widths)) if widths.count(max(widths)) == 1 else None
+    others = [q for q in range(Q) if q != widest]
+    assert sum(got) == total or all(got[q] == sizes[q] for q in others)     # only the sizes cap the total
+    if widest is not None:
+        assert got[widest] == min(s * widths[widest], sizes[widest])
+    rest = [got[q] for q in others if got[q] < sizes[q]]
+    assert max(rest, default=0) - min(rest, default=0) <= 1
+    if Q == paper_q:
+        assert factor_budgets(shapes, s, "total") == factor_budgets(shapes, s)
+
+
 def test_unknown_budget_split_raises():
     with pytest.raises(ValueError, match="budget split"):
         factor_budgets([(4, 8)], 2, "rows")
-    with pytest.raises(ValueError, match="budget_split must be one of 'even', 'wide'"):
+    with pytest.raises(ValueError, match="budget_split must be one of 'even', 'wide', 'total'"):
         factorize(np.ones((4, 8)), 2, budget_split="rows")
 
 

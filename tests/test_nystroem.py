@@ -250,3 +250,16 @@ def test_export_state_rejects_inconsistent_arrays(data, qk, corrupt, match):
         Nystroem._from_export_state(qk.operator_, arrays, metadata)
     with pytest.raises(ValueError, match="n_components"):
         Nystroem._from_export_state(DenseOperator(np.zeros((5, 6))), *ny._export_state())
+
+
+def test_qkmeans_landmarks_keep_the_papers_chain():
+    """K <= D: the landmarks are fitted on the paper's chain (not QKMeans' 2-factor default), as before."""
+    from qkm.factorization._lsq import paper_n_factors
+
+    X, _ = make_blobs(n_samples=240, n_features=40, centers=6, random_state=5)
+    ours = Nystroem(n_components=8, landmarks="qkmeans", sparsity_level=2, landmark_params=FAST_QK,
+                    random_state=0).fit(X)
+    assert len(ours.landmark_estimator_.factors_) == paper_n_factors(8, 40) == 5
+    same = QKMeans(n_clusters=8, sparsity_level=2, n_factors=5, budget_split="even", center=True, random_state=0,
+                   **FAST_QK).fit(X)
+    np.testing.assert_array_equal(ours.operator_.to_dense(), same.cluster_centers_)

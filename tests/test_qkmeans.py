@@ -10,7 +10,7 @@ from qkm.clustering._factored_lloyd import factored_lloyd
 from qkm.clustering._qkmeans import _LowRankFitter, default_n_factors
 from qkm._threads import numba_threads
 from qkm.export import load_model, save_model
-from qkm.factorization._lsq import factor_budgets
+from qkm.factorization._lsq import factor_budgets, paper_n_factors
 from qkm.palm4msa import chain_shapes
 
 import naive
@@ -64,9 +64,41 @@ def test_factors_multiply_to_the_centres(fitted):
 def test_every_factor_keeps_its_budget(fitted):
     _, qk = fitted
     s = 2
-    for f in qk.factors_:
-        assert f.nnz <= s * max(f.shape)
+    K, D = qk.cluster_centers_.shape
+    budgets = factor_budgets(chain_shapes(K, D, len(qk.factors_)), s, "total")
+    for f, (_, k) in zip(qk.factors_, budgets):
+        assert f.nnz <= k
+    # in all at most the paper chain's s * max(r, c) per factor (naive sum)
+    assert qk.nnz_ <= sum(s * max(r, c) for r, c in chain_shapes(K, D, paper_n_factors(K, D)))
     assert qk.nnz_ == qk.nnz_with_mean_
+
+
+def test_default_chain_is_two_factors_with_the_total_split(blobs):
+    """K <= D: the default is ``n_factors=2, budget_split="total"``; a given ``n_factors`` splits evenly (as
+    before), and on the paper's chain "total" is the even split."""
+    X = blobs[0]
+    kw = dict(n_clusters=8, sparsity_level=2, max_iter=6, palm_max_iter=20, random_state=0)
+    default, explicit = QKMeans(**kw).fit(X), QKMeans(n_factors=2, budget_split="total", **kw).fit(X)
+    assert len(default.factors_) == 2
+    np.testing.assert_array_equal(default.labels_, explicit.labels_)
+    for a, b in zip(default.factors_, explicit.factors_):
+        assert (a != b).nnz == 0
+    given, even = QKMeans(n_factors=2, **kw).fit(X), QKMeans(n_factors=2, budget_split="even", **kw).fit(X)
+    np.testing.assert_array_equal(given.labels_, even.labels_)
+    assert given.inertia_ == even.inertia_
+    Q = paper_n_factors(8, X.shape[1])
+    paper, total = QKMeans(n_factors=Q, **kw).fit(X), QKMeans(n_factors=Q, budget_split="total", **kw).fit(X)
+    assert len(paper.factors_) == Q == 3
+    np.testing.assert_array_equal(paper.labels_, total.labels_)
+    assert paper.inertia_ == total.inertia_
+
+
+def test_more_clusters_than_features_keep_the_papers_chain():
+    X = np.random.RandomState(3).rand(200, 10)
+    qk = QKMeans(16, sparsity_level=2, max_iter=4, palm_max_iter=10, random_state=0).fit(X)
+    assert len(qk.factors_) == paper_n_factors(16, 10) == 4
+    budgets = factor_budgets(chain_shapes(16, 10, 4), 2)
+    assert all(f.nnz <= k for f, (_, k) in zip(qk.factors_, budgets))
 
 
 @pytest.mark.parametrize("shape", [(120, 30), (120, 5)])          # K < D: the last factor is the widest; K > D: the first
@@ -79,6 +111,27 @@ def test_wide_budget_split_keeps_its_budgets_and_brute_force_labels(blobs, shape
     assert budgets != factor_budgets(chain_shapes(K, shape[1], len(qk.factors_)), 3)
     for f, (_, k) in zip(qk.factors_, budgets):
         assert f.nnz <= k
+    labels, _ = _brute_force(X, qk.cluster_centers_)
+    np.testing.assert_array_equal(qk.labels_, labels)
+    h = qk.objective_history_
+    assert np.all(np.diff(h) <= 1e-10 * h[:-1])
+
+
+@pytest.mark.parametrize("shape", [(120, 30), (120, 5)])
+def test_total_budget_split_keeps_the_paper_total_on_fewer_factors(shape):
+    rng = np.random.RandomState(2)
+    X = rng.rand(*shape)
+    K = 8
+    qk = QKMeans(K, sparsity_level=2, n_factors=2, budget_split="total", max_iter=6, palm_max_iter=20,
+                 random_state=0).fit(X)
+    assert len(qk.factors_) == 2
+    budgets = factor_budgets(chain_shapes(K, shape[1], 2), 2, "total")
+    paper = factor_budgets(chain_shapes(K, shape[1], paper_n_factors(K, shape[1])), 2)
+    assert sum(k for _, k in budgets) == min(sum(k for _, k in paper), sum(r * c for r, c in chain_shapes(
+        K, shape[1], 2)))
+    for f, (_, k) in zip(qk.factors_, budgets):
+        assert f.nnz <= k
+    assert qk.nnz_ <= sum(k for _, k in paper)
     labels, _ = _brute_force(X, qk.cluster_centers_)
     np.testing.assert_array_equal(qk.labels_, labels)
     h = qk.objective_history_
@@ -153,7 +206,7 @@ def test_more_clusters_than_features_and_float32(shape):
     ({"palm_max_iter": -1}, "palm_max_iter"),
     ({"palm_warm_iter": 2.0}, "palm_warm_iter"),
     ({"palm_tol": -1.0}, "palm_tol"),
-    ({"budget_split": "rows"}, "budget_split must be one of 'even', 'wide'"),
+    ({"budget_split": "rows"}, "budget_split must be one of 'auto', 'even', 'wide', 'total'"),
     ({"budget_split": None}, "budget_split"),
     ({"max_iter": 0}, "max_iter"),
     ({"n_init": 0}, "n_init"),

@@ -90,7 +90,8 @@ _SEEDINGS = {"k-means++": {}, "d2-seeding": dict(init="d2-seeding", d2_samples=2
 
 
 @pytest.mark.parametrize("seeding", [pytest.param(s, marks=pytest.mark.slow) if s == "d2-seeding" else s
-                                     for s in _SEEDINGS] + ["array float64", "array float32 (F order)"])
+                                     for s in _SEEDINGS] + ["array float64", "array float32 (F order)",
+                                                            "default chain"])
 def test_wide_csr_fit_holds_no_dense_k_by_d_buffer(monkeypatch, seeding):
     """The whole fit (validation, seeds, assignments, CSR means, sparse sweeps, guard, polish) below one K x D
     float64 buffer, for every seeding and for a given init array; ``cluster_centers_`` is folded on first
@@ -99,7 +100,7 @@ def test_wide_csr_fit_holds_no_dense_k_by_d_buffer(monkeypatch, seeding):
     The dense means (the code before) peaked at about 5 K x D here; the bound scales with nnz(X), s D, n A and
     A^2, never with K D. The chain is never folded (FOLD_MAX_BYTES 0), as on real wide data. A given array
     (allocated before the trace: the user's own) is read into CSR without a dense copy, even when its dtype
-    or memory order is not the data's.
+    or memory order is not the data's. The default chain (2 factors, the paper chain's values) as well.
     """
     monkeypatch.setattr(_config, "FOLD_MAX_BYTES", 0)
     n, d, k = 300, 16384, 96
@@ -107,6 +108,8 @@ def test_wide_csr_fit_holds_no_dense_k_by_d_buffer(monkeypatch, seeding):
     kw = dict(n_factors=3, sparsity_level=2, max_iter=3, tol=0.0, palm_max_iter=2, random_state=0)
     if seeding.startswith("array"):
         kw["init"] = _given(k, d, *((np.float64, "C") if seeding == "array float64" else (np.float32, "F")))
+    elif seeding == "default chain":                        # 2 factors holding the paper chain's values
+        del kw["n_factors"]
     else:
         kw.update(_SEEDINGS[seeding])
     QKMeans(k, **kw).fit(X)                                 # compiled / cached kernels loaded outside the trace

@@ -7,8 +7,6 @@ centroid operator: a product of sparse factors fitted by palm4MSA
 (:class:`LowRankKMeans`, the baseline the paper did not measure).
 """
 
-import math
-
 import numpy as np
 from sklearn.utils import check_random_state
 from sklearn.utils.validation import check_is_fitted
@@ -20,21 +18,32 @@ from ._factored_lloyd import factored_lloyd, keeps_csr_means
 from ._stopping import IterationLog
 from .._threads import effective_n_threads, numba_threads, single_threaded_blas
 from .._validation import check_choice, check_data
-from ..factorization._lsq import BUDGET_SPLITS
+from ..factorization._lsq import BUDGET_SPLITS, paper_n_factors
 from ._fitters import _ChainFitter, _LowRankFitter
 
 __all__ = ["QKMeans", "LowRankKMeans", "default_n_factors"]
 
 
 def default_n_factors(n_clusters, n_features):
-    """``floor(log2(max(K, D)))`` (at least 1), the number of factors the references use.
+    """The default chain: 2 factors when ``K <= D``, else the paper's ``floor(log2(max(K, D)))``.
+
+    With :class:`QKMeans`' default ``budget_split="auto"`` the two factors hold
+    the values of the paper's chain (:func:`qkm.factorization._lsq.paper_n_factors`;
+    1 factor when ``max(K, D) < 4``, as the paper's). When ``K > D`` two
+    factors reached a much higher objective on KDD Cup 99 (K = 256, D = 118)
+    than the paper's chain (``benchmarks/README.md``), so the paper's chain stays.
 
     Examples
     --------
     >>> default_n_factors(64, 784)
-    9
+    2
+    >>> default_n_factors(256, 118)
+    8
+    >>> default_n_factors(2, 3)
+    1
     """
-    return max(1, int(math.floor(math.log2(max(n_clusters, n_features, 1)))))
+    paper = paper_n_factors(n_clusters, n_features)
+    return min(2, paper) if n_clusters <= n_features else paper
 
 
 # --------------------------------------------------------------------------- #
@@ -138,10 +147,13 @@ class QKMeans(_FactoredKMeans):
     ``V = S_1 S_2 ... S_Q``, recomputes the cluster means ``U`` and refits the
     factors to ``diag(sqrt(n_k)) U`` (warm-started from the previous factors),
     which minimises the k-means objective for the current labels (Giffon et
-    al., 2021, Algorithm 1). The chain keeps at most ``sparsity_level *
-    max(r, c)`` values per factor of shape ``(r, c)`` in all, the nominal
-    budget of the paper's code (its projection keeps more), split by
-    ``budget_split``. The first factors come from
+    al., 2021, Algorithm 1). The paper's chain has ``floor(log2(max(K, D)))``
+    factors of at most ``sparsity_level * max(r, c)`` values each (the
+    nominal budget of the paper's code; its projection keeps more). By
+    default, when ``K <= D``, two factors ``K x K`` and ``K x D`` hold the
+    same values in all: the wide one keeps its ``s * D``, the other the rest
+    (up to ``K * K``; ``budget_split``); when ``K > D`` the chain is the
+    paper's (``n_factors``). The first factors come from
     hierarchical palm4MSA on the initial centres (on wide sparse data, when the
     seeds fit the last factor's budget, the exact chain of identities and the
     seeds); every refit then runs
@@ -161,13 +173,22 @@ class QKMeans(_FactoredKMeans):
     ----------
     n_clusters : int, default=8
     sparsity_level : int, default=3
-        ``s``, the paper's sparsity level: the chain keeps at most
-        ``s * max(r, c)`` nonzeros per factor of shape ``(r, c)`` in all
-        (``s (A (Q - 1) + D)`` when ``K <= D``: 3,888 at K = 64, D = 784, s = 3).
+        ``s``, the paper's sparsity level: the model keeps at most the values
+        of the paper's chain, ``s * max(r, c)`` per factor of shape
+        ``(r, c)`` over its ``P = floor(log2(max(K, D)))`` factors
+        (``s (A (P - 1) + D)`` when ``K <= D``: 3,888 at K = 64, D = 784,
+        s = 3), however many factors hold them (``budget_split``).
     n_factors : int or None, default=None
-        Factors ``Q``; None gives ``floor(log2(max(K, D)))`` as the
-        references do. Shapes are ``K x A``, ``A x A`` ..., ``A x D`` with
-        ``A = min(K, D)``.
+        Factors ``Q``. Shapes are ``K x A``, ``A x A`` ..., ``A x D`` with
+        ``A = min(K, D)``. None: 2 when ``K <= D`` (1 when ``max(K, D) < 4``),
+        holding the values of the paper's chain; the paper's
+        ``floor(log2(max(K, D)))`` when ``K > D``. Two factors kept every
+        cluster and reached a higher AMI on Fashion-MNIST (K = 64, s = 3:
+        0.4868 against 0.4816 for the paper's 9 factors on the paper's
+        protocol, 3 seeds) at a third of the CPU time; on KDD Cup 99
+        (K = 256 > D = 118) they reached 2.28 times K-means' objective
+        against 1.54 (``benchmarks/results/qkmeans_paper.md``,
+        ``benchmarks/README.md``).
     init : {"k-means++", "d2-seeding", "k-means||", "random"} or array of shape (n_clusters, n_features), \
 default="k-means++"
     d2_samples, oversampling_factor, init_rounds, init_sample
@@ -196,12 +217,24 @@ default="k-means++"
         1.073 times K-means' objective at s = 3, 1.023 vs 1.026 at s = 5,
         and the model is ``n_features`` values smaller. Sparse data stay sparse
         either way.
-    budget_split : {"even", "wide"}, default="even"
-        "even": every factor keeps ``s * max(r, c)``, as the paper's code.
-        "wide": the same total, ``(s - 1) * max(r, c)`` for every factor but
-        the widest (``A x D``, or ``K x A`` when ``K > D``), which takes the
-        rest. "wide" lost clusters and reached a higher objective on
-        Fashion-MNIST and COIL-20 (``benchmarks/results/qkmeans_budget_split.md``).
+    budget_split : {"auto", "total", "even", "wide"}, default="auto"
+        "auto": "total" when ``n_factors`` is None, "even" when it is given
+        (a given ``n_factors`` fits the chain it fitted before the 2-factor
+        default). "total": the total of the paper's chain of
+        ``floor(log2(max(K, D)))`` factors whatever ``n_factors``: the widest factor (``A x D``, or
+        ``K x A`` when ``K > D``) keeps ``s * max(r, c)``, the others share
+        the rest (a short chain gets denser inner factors; K = 64, D = 784,
+        s = 3, 2 factors: 1,536 and 2,352 values). On the paper's chain it
+        is "even"; on 3 or more factors it makes the inner ones denser,
+        which on wide sparse data costs memory (dense products of the inner
+        factors). "even": every factor keeps ``s * max(r, c)``, as the
+        paper's code (fewer values in all on a shorter chain;
+        ``n_factors=floor(log2(max(K, D)))`` is the chain this estimator
+        fitted by default before). "wide": the even
+        total, ``(s - 1) * max(r, c)`` for every factor but the widest,
+        which takes the rest; it lost clusters and reached a higher
+        objective on Fashion-MNIST and COIL-20
+        (``benchmarks/results/qkmeans_budget_split.md``).
     random_state : int, RandomState instance or None, default=None
     n_jobs : int or None, default=None
         numba threads.
@@ -277,7 +310,7 @@ default="k-means++"
     def __init__(self, n_clusters=8, *, sparsity_level=3, n_factors=None, init="k-means++", d2_samples=None,
                  oversampling_factor=2.0, init_rounds=5, init_sample=None, n_init=1,
                  max_iter=50, tol=1e-4, palm_max_iter=None, palm_warm_iter=None, palm_tol=1e-6, center=False,
-                 budget_split="even", random_state=None, n_jobs=None, verbose=0):
+                 budget_split="auto", random_state=None, n_jobs=None, verbose=0):
         self.n_clusters = n_clusters
         self.sparsity_level = sparsity_level
         self.budget_split = budget_split
@@ -308,12 +341,15 @@ default="k-means++"
             if value is not None and not (is_int(value) and value >= 0):
                 raise ValueError(f"{name} must be None or an integer >= 0; got {value!r}.")
         check_nonnegative_float("palm_tol", self.palm_tol)
-        check_choice("budget_split", self.budget_split, BUDGET_SPLITS)
+        check_choice("budget_split", self.budget_split, ("auto",) + BUDGET_SPLITS)
         self._check_common_params()
 
     def _make_fitter(self, n_clusters, n_features):
         n_factors = self.n_factors if self.n_factors is not None else default_n_factors(n_clusters, n_features)
-        return _ChainFitter(n_factors, self.sparsity_level, self.palm_warm_iter, self.palm_tol, self.budget_split)
+        split = self.budget_split
+        if split == "auto":         # the default chain holds the paper chain's values; a given one is split evenly
+            split = "total" if self.n_factors is None else "even"
+        return _ChainFitter(n_factors, self.sparsity_level, self.palm_warm_iter, self.palm_tol, split)
 
     def _polish_iter(self):
         return self.palm_max_iter
