@@ -24,6 +24,7 @@ from .backend import load_model_file
 from .decode import JSON, OCTET
 from .errors import RequestError
 from .limits import RETRY_AFTER_SECONDS
+from .direct import INTERNAL_ERROR, DirectRoute
 from .middleware import ServiceMiddleware
 from .oip import EXTENSIONS, HEADER_LENGTH, model_config, model_metadata
 from .service import Service
@@ -44,6 +45,9 @@ always finite), 401 API key, 404 unknown model or missing part, 413 too big, 415
 (with `Retry-After`). KServe and Triton clients (`tritonclient.http`) can use the Open Inference Protocol v2
 routes under `/v2`, with JSON or binary tensor data.
 """
+
+_NO_INDEX = "this model has no search index; train it with 'qkm train --with-index'."
+_NO_FEATURES = "this model has no Nyström features; train it with 'qkm train --with-features'."
 
 
 def _error(status, message, headers=None):
@@ -66,7 +70,7 @@ def _install_error_handlers(app):
 
     @app.exception_handler(Exception)
     async def internal_error(request, exc):  # logged by the server with its traceback; never the body
-        return _error(500, "internal error; see the server log.")
+        return _error(500, INTERNAL_ERROR)
 
 
 def create_app(model=None, *, settings=None, **options):
@@ -124,35 +128,39 @@ def create_app(model=None, *, settings=None, **options):
         service.ready = False
         service.metrics.close()
 
-    app = FastAPI(title="qkm inference service", version=__version__, description=_DESCRIPTION,
-                  lifespan=lifespan)
+    app = _ServiceApp(title="qkm inference service", version=__version__, description=_DESCRIPTION,
+                      lifespan=lifespan)
     app.state.service = service
     _install_error_handlers(app)
-    endpoints = _add_routes(app, service)
-    app.add_middleware(ServiceMiddleware, metrics=service.metrics, api_key=settings.api_key, router=app.router,
-                       direct_routes={path: _direct_route(endpoint) for path, endpoint in endpoints.items()})
+    _add_routes(app, service)
+    app.service_middleware = functools.partial(
+        ServiceMiddleware, metrics=service.metrics, api_key=settings.api_key, router=app.router, direct_routes={
+            "/assign": DirectRoute(service, "/assign", service.assign_answer, inline_ok=True),
+            "/search": DirectRoute(service, "/search", service.search_answer, inline_ok=True,
+                                   missing=None if service.backend.has_index else _NO_INDEX),
+            "/features": DirectRoute(service, "/features", service.features_answer,
+                                     missing=None if service.backend.has_features else _NO_FEATURES)})
     return app
 
 
-def _direct_route(endpoint):
-    """An ASGI app answering one request with ``endpoint(request)``, its client errors as the handlers do.
+class _ServiceApp(FastAPI):
+    """FastAPI with :class:`~qkm.serve.middleware.ServiceMiddleware` outside all of its own layers.
 
-    The row routes take only the raw request, so FastAPI's router and dependency
-    solving add nothing to them but time; anything but a
-    :class:`~qkm.serve.errors.RequestError` propagates to the 500 handler as before.
+    The middleware answers the row routes itself (:mod:`qkm.serve.direct`),
+    so they skip FastAPI's error, telemetry and body-limit layers too; every
+    other request goes through them as before.
     """
-    async def direct(scope, receive, send):
-        try:
-            response = await endpoint(Request(scope, receive))
-        except RequestError as exc:
-            response = _error(exc.status, exc.message, exc.headers)
-        await response(scope, receive, send)
 
-    return direct
+    service_middleware = None  # set by create_app: ServiceMiddleware(app) with its options
+
+    def build_middleware_stack(self):
+        stack = super().build_middleware_stack()
+        return stack if self.service_middleware is None else self.service_middleware(stack)
 
 
 def _add_routes(app, service):
-    """Add every route; returns ``{path: endpoint}`` of the POST routes that take only the raw request."""
+    """Add every route (the row routes are answered directly by the service middleware, through FastAPI's
+    routing only under a ``root_path``)."""
     s = service.settings
     name = s.model_name
     n_features = service.backend.n_features  # the examples of the API docs are valid requests for this model
@@ -181,7 +189,7 @@ def _add_routes(app, service):
         nearest lists (default: the index's calibrated ``nprobe``). Returns row numbers, Euclidean distances
         and, if the index holds them, labels. ``k`` and ``nprobe`` come from the query string or the JSON body."""
         if not service.backend.has_index:
-            raise RequestError(404, "this model has no search index; train it with 'qkm train --with-index'.")
+            raise RequestError(404, _NO_INDEX)
         return await service.answer(request, "/search", service.search_answer, inline_ok=True)
 
     @app.post("/features", tags=["inference"], summary="Nyström RBF features of each row",
@@ -192,7 +200,7 @@ def _add_routes(app, service):
     async def features(request: Request):
         """Nyström approximation of the RBF kernel feature map, with the centroids as landmarks."""
         if not service.backend.has_features:
-            raise RequestError(404, "this model has no Nyström features; train it with 'qkm train --with-features'.")
+            raise RequestError(404, _NO_FEATURES)
         return await service.answer(request, "/features", service.features_answer)
 
     # -- health, model, metrics -------------------------------------------- #
@@ -283,8 +291,6 @@ def _add_routes(app, service):
         handler = functools.partial(service.infer_answer, header_length=request.headers.get(HEADER_LENGTH))
         return await service.answer(request, "/v2/models/{model_name}/infer", handler, kinds=(JSON, OCTET),
                                     inline_ok=True, x_shape=False)
-
-    return {"/assign": assign, "/search": search, "/features": features}
 
 
 def _readiness(service):

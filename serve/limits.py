@@ -10,11 +10,10 @@ import contextlib
 
 import anyio
 import anyio.to_thread
-from starlette.requests import ClientDisconnect
 
 from .errors import RequestError
 
-__all__ = ["read_body", "InFlightLimit", "InferencePool", "RETRY_AFTER_SECONDS"]
+__all__ = ["read_body", "receive_body", "check_declared_length", "InFlightLimit", "InferencePool", "RETRY_AFTER_SECONDS"]
 
 #: Seconds a refused client is told to wait (``Retry-After``).
 RETRY_AFTER_SECONDS = 1
@@ -27,7 +26,11 @@ async def read_body(request, max_bytes):
     one (chunked) is counted while it streams and dropped once past the limit.
     A client that hangs up mid-body gets status 499 in the metrics.
     """
-    declared = request.headers.get("content-length")
+    return await receive_body(request.receive, request.headers.get("content-length"), max_bytes)
+
+
+def check_declared_length(declared, max_bytes):
+    """413 if a ``Content-Length`` header (str or None) exceeds ``max_bytes``; 400 if it is not an integer."""
     if declared is not None:
         try:
             declared = int(declared)
@@ -35,16 +38,31 @@ async def read_body(request, max_bytes):
             raise RequestError(400, "Content-Length is not an integer.") from None
         if declared > max_bytes:
             raise RequestError(413, f"the body has {declared} bytes, more than max_body_bytes={max_bytes}.")
+
+
+async def receive_body(receive, declared, max_bytes):
+    """The body of an ASGI request read from ``receive``, as :func:`read_body` reads it.
+
+    ``declared``: its ``Content-Length`` header (str or None). A body that
+    comes in one message (the usual case) is returned as it is.
+    """
+    check_declared_length(declared, max_bytes)
     chunks, size = [], 0
-    try:
-        async for chunk in request.stream():
+    while True:
+        message = await receive()
+        if message["type"] == "http.request":
+            chunk = message.get("body", b"")
             size += len(chunk)
             if size > max_bytes:
                 raise RequestError(413, f"the body exceeds max_body_bytes={max_bytes}.")
+            if not message.get("more_body", False):
+                if not chunks:
+                    return chunk
+                chunks.append(chunk)
+                return b"".join(chunks)
             chunks.append(chunk)
-    except ClientDisconnect:  # nobody to answer; 499 (nginx's "client closed request") in the metrics
-        raise RequestError(499, "the client closed the connection before sending the whole body.") from None
-    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        elif message["type"] == "http.disconnect":  # nobody to answer; 499 (nginx's "client closed request")
+            raise RequestError(499, "the client closed the connection before sending the whole body.")
 
 
 class InFlightLimit:

@@ -4,12 +4,14 @@ Written against raw ASGI (no ``BaseHTTPMiddleware``) because it runs on every
 request and must cost microseconds. It never reads the body and never logs
 headers, so neither request bodies nor keys reach a log.
 
-It also dispatches ``POST`` to the row-answering routes (``/assign``,
-``/search``, ``/features``) straight to their endpoint (``direct_routes``), past FastAPI's
-router, dependency solving and exception middleware: those routes take the
-raw :class:`~starlette.requests.Request` and answer their own errors, and
-this halves the framework's cost of a one-row request. Every other request,
-and those routes under a ``root_path``, go through FastAPI as usual.
+It wraps the whole FastAPI application (its error, telemetry and body-limit
+layers included) and dispatches ``POST`` to the row-answering routes
+(``/assign``, ``/search``, ``/features``) straight to a
+:class:`~qkm.serve.direct.DirectRoute` (``direct_routes``), past every
+FastAPI layer: those routes take only the request's headers and body and
+answer their own errors, and the framework's layers cost more than the rest of
+a one-row request. Every other request, and those routes under a
+``root_path``, go through FastAPI as usual.
 """
 
 import hmac
@@ -49,8 +51,9 @@ class ServiceMiddleware:
     router : starlette.routing.Router, optional
         Used to name the route of a refused request in the metrics.
     direct_routes : dict, optional
-        ``{path: ASGI app}``: ``POST`` requests to ``path`` (after the API-key
-        check) go to that app instead of ``app``; their metrics label is ``path``.
+        ``{path: route}``: ``POST`` requests to ``path`` (after the API-key
+        check) go to ``await route(scope, receive, send)``, which answers and
+        returns the status it sent, instead of ``app``; their metrics label is ``path``.
     """
 
     def __init__(self, app, metrics, api_key=None, router=None, direct_routes=None):
@@ -77,24 +80,25 @@ class ServiceMiddleware:
             return
         start = time.perf_counter()
         status = 500  # if the application fails before answering
-
-        async def send_and_note_status(message):
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-            await send(message)
-
         direct = None
         if scope["method"] == "POST" and not scope.get("root_path"):
             direct = self.direct_routes.get(scope["path"])
         try:
-            if self._authorized(scope):
-                await (direct or self.app)(scope, receive, send_and_note_status)
-            else:
+            if not self._authorized(scope):
                 status = 401
                 await _send_json(send, 401, {"error": "missing or wrong API key: send 'Authorization: Bearer <key>' "
                                                       "or 'X-API-Key: <key>'."},
                                  [(b"www-authenticate", b'Bearer realm="qkm"')])
+            elif direct is not None:
+                status = await direct(scope, receive, send)
+            else:
+                async def send_and_note_status(message):
+                    nonlocal status
+                    if message["type"] == "http.response.start":
+                        status = message["status"]
+                    await send(message)
+
+                await self.app(scope, receive, send_and_note_status)
         finally:
             endpoint = scope["path"] if direct is not None else _route_template(scope, self.router)
             self.metrics.observe_request(endpoint, status, time.perf_counter() - start)

@@ -19,6 +19,7 @@ at a time, each alone in flight, and the rest would queue unseen).
 
 import logging
 import os
+from urllib.parse import parse_qsl
 
 import anyio.lowlevel
 from fastapi.responses import Response
@@ -41,7 +42,7 @@ from .decode import (
 )
 from .encode import MEDIA_TYPE, encode_result
 from .errors import RequestError
-from .limits import InferencePool, InFlightLimit, read_body
+from .limits import InferencePool, InFlightLimit, receive_body
 from .metrics import Metrics
 from .oip import HEADER_LENGTH, encode_infer_response, parse_infer_request
 
@@ -160,23 +161,47 @@ class Service:
         ``x_shape``: an octet-stream body is rows described by an ``X-Shape``
         header, checked before the body is read (False: the handler parses it).
         """
+        headers = request.headers
+        content, media_type, extra, _ = await self.compute(
+            endpoint, handler, request.receive, headers.get("content-type"), headers.get("content-length"),
+            headers.get("x-shape"), request.scope["query_string"], kinds, inline_ok, x_shape)
+        return Response(content, media_type=media_type, headers=extra)
+
+    async def compute(self, endpoint, handler, receive, content_type, content_length, x_shape_header, query_string,
+                      kinds=(JSON, OCTET, NPY), inline_ok=False, x_shape=True):
+        """``(body, media type, extra headers, rows)`` of the answer to one inference request (its ASGI
+        ``receive`` and the values of its headers), or a :class:`~qkm.serve.errors.RequestError`.
+
+        The work of :meth:`answer`, shared with the direct routes of
+        :mod:`qkm.serve.direct` that call it without a ``Request`` object.
+        """
         with self.in_flight.slot():
             await anyio.lowlevel.checkpoint()  # let every request already received be admitted before work
-            kind = media_kind(request.headers.get("content-type"))
+            kind = media_kind(content_type)
             if kind not in kinds:
                 raise RequestError(415, f"{endpoint} takes {' or '.join(MEDIA_TYPE[k] for k in kinds)}.")
             shape = None
             if kind == OCTET and x_shape:
-                shape = parse_shape_header(request.headers.get("x-shape"), self.backend.n_features,
-                                           self.settings.max_batch_rows)
-            body = await read_body(request, self.settings.max_body_bytes)
-            args = (body, kind, shape, dict(request.query_params) if request.scope["query_string"] else {})
+                shape = parse_shape_header(x_shape_header, self.backend.n_features, self.settings.max_batch_rows)
+            body = await receive_body(receive, content_length, self.settings.max_body_bytes)
+            args = (body, kind, shape, query_dict(query_string) if query_string else {})
             if inline_ok and len(body) <= self.settings.inline_body_bytes:  # a few rows: cheaper than a hand-off
                 content, media_type, headers, n_rows = handler(*args)
             else:
                 content, media_type, headers, n_rows = await self.pool.run(handler, *args)
         self.metrics.observe_rows(endpoint, n_rows)
-        return Response(content, media_type=media_type, headers=headers)
+        return content, media_type, headers, n_rows
+
+
+def query_dict(query_string):
+    """``{name: value}`` of a raw query string, as ``dict(request.query_params)`` gives it (last value wins).
+
+    Examples
+    --------
+    >>> query_dict(b"k=2&nprobe=3&k=4")
+    {'k': '4', 'nprobe': '3'}
+    """
+    return dict(parse_qsl(query_string.decode("latin-1"), keep_blank_values=True))
 
 
 def _client_errors(func, *args):
