@@ -157,6 +157,19 @@ class _ServiceApp(FastAPI):
         stack = super().build_middleware_stack()
         return stack if self.service_middleware is None else self.service_middleware(stack)
 
+    async def __call__(self, scope, receive, send):
+        """Row routes straight to the middleware (FastAPI's own ``__call__`` asks its telemetry first: ~20 us)."""
+        if scope["type"] == "http" and scope["method"] == "POST" and not self.root_path \
+                and not scope.get("root_path"):
+            stack = self.middleware_stack
+            if stack is None:
+                stack = self.middleware_stack = self.build_middleware_stack()
+            if scope["path"] in getattr(stack, "direct_routes", ()):
+                scope["app"] = self
+                await stack(scope, receive, send)
+                return
+        await super().__call__(scope, receive, send)
+
 
 def _add_routes(app, service):
     """Add every route (the row routes are answered directly by the service middleware, through FastAPI's

@@ -10,6 +10,7 @@ so that no request pays for compilation or the operator's path calibration.
 
 import contextlib
 import logging
+import threading
 
 import numba
 import numpy as np
@@ -77,6 +78,7 @@ class InferenceBackend:
         self.model = model
         self.name = backend
         self.numba_threads = numba_threads
+        self._pinned_thread = None  # the thread pin_threads pinned to numba_threads (the event loop's)
         for part in (getattr(model, "index", None), getattr(model, "nystroem", None)):
             if part is not None and "n_jobs" in part.get_params():  # they set numba's thread count per call
                 part.set_params(n_jobs=numba_threads)
@@ -126,10 +128,12 @@ class InferenceBackend:
     def pin_threads(self):
         """Set the calling thread's numba thread count to ``numba_threads`` for good (numba's count is per thread)."""
         pin_numba_threads(self.numba_threads)  # a count numba refuses is left to each call to refuse, as before
+        if numba.get_num_threads() == self.numba_threads:
+            self._pinned_thread = threading.get_ident()
 
     def _threads(self):
         """``numba_threads(n)`` around a call, or nothing when this thread already runs with ``n`` (pinned)."""
-        if numba.get_num_threads() == self.numba_threads:
+        if threading.get_ident() == self._pinned_thread or numba.get_num_threads() == self.numba_threads:
             return contextlib.nullcontext()
         return numba_threads(self.numba_threads)
 
