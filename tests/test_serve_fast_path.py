@@ -210,3 +210,69 @@ def test_fast_row_validation_gives_what_the_full_checks_give():
         for X in cases:
             assert validated(X, True, dtype) == validated(X, False, dtype)
     assert decode_module._plainly_valid(base, D, 10, np.float64, 1e6) is not None  # the fast path did run
+
+
+def test_direct_routes_answer_a_bug_with_500_as_fastapi_does(model, blobs, monkeypatch):
+    app = create_app(model, model_name="m")
+    with TestClient(app, raise_server_exceptions=False) as client:
+        middleware = service_middleware(app)
+        service = app.state.service
+
+        def broken(*args, **kwargs):
+            raise RuntimeError("a bug")
+
+        monkeypatch.setattr(service.backend, "search", broken)
+        answers = []
+        for routes in (dict(middleware.direct_routes), {}):
+            middleware.direct_routes = routes
+            r = client.post("/search", json={"instances": blobs[0][:1].tolist()})
+            answers.append((r.status_code, r.content, sorted(r.headers.items())))
+        assert answers[0] == answers[1] and answers[0][0] == 500
+        assert b"a bug" not in answers[0][1]
+        metrics = client.get("/metrics").text
+        assert 'qkm_requests_total{endpoint="/search",status="500"} 2.0' in metrics
+
+
+async def _call(app, path, chunks, disconnect=False, query=b""):
+    """Drive the ASGI app with a body sent in ``chunks`` (then a disconnect, if asked); the messages sent back."""
+    messages = [{"type": "http.request", "body": c, "more_body": i + 1 < len(chunks) or disconnect}
+                for i, c in enumerate(chunks)]
+    if disconnect:
+        messages.append({"type": "http.disconnect"})
+    sent = []
+
+    async def receive():
+        return messages.pop(0)
+
+    async def send(message):
+        sent.append(message)
+
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
+             "path": path, "raw_path": path.encode(), "root_path": "", "query_string": query,
+             "headers": [(b"host", b"t"), (b"content-type", b"application/json")],
+             "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 2)}
+    await app(scope, receive, send)
+    return sent[0]["status"], sorted(sent[0]["headers"]), b"".join(m.get("body", b"") for m in sent[1:])
+
+
+def test_direct_routes_read_chunked_bodies_and_disconnects_as_fastapi_does(model, blobs):
+    import anyio
+
+    app = create_app(model, model_name="m", max_body_bytes=4096)
+    body = json.dumps({"instances": blobs[0][:2].tolist()}).encode()
+    cases = [("/search", [body], False, b"k=2"), ("/search", [body[:7], b"", body[7:50], body[50:]], False, b"k=2"),
+             ("/assign", [body[:10]], True, b""), ("/assign", [body[:3000], body[3000:] + b" " * 4096], False, b""),
+             ("/assign", [body[:5], body[5:]], False, b"k=1&k=2")]
+    with TestClient(app) as client:
+        middleware = service_middleware(app)
+        routes = dict(middleware.direct_routes)
+        answers = []
+        for direct in (routes, {}):
+            middleware.direct_routes = direct
+            answers.append([anyio.run(_call, app, path, chunks, disconnect, query)
+                            for path, chunks, disconnect, query in cases])
+        assert answers[0] == answers[1]
+        assert [status for status, _, _ in answers[0]] == [200, 200, 499, 413, 200]
+        assert answers[0][0] == answers[0][1]  # one chunk or several: the same answer
+        metrics = client.get("/metrics").text
+        assert 'qkm_requests_total{endpoint="/assign",status="499"} 2.0' in metrics
