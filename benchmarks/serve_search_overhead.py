@@ -127,6 +127,9 @@ def main():
     p.add_argument("--data-dir", default=str(REPO.parent / "shared" / "data"))
     p.add_argument("--cache-dir", default=str(REPO / "benchmarks" / ".cache"))
     p.add_argument("--out", default=None, help="write <out>.json and <out>.md")
+    p.add_argument("--in-process", type=int, default=0, metavar="N",
+                   help="also drive each checkout's ASGI app in-process (no sockets): N requests per endpoint and "
+                        "round, in two runs per checkout (order new, ref, ref, new); default 0: skipped")
     args = p.parse_args()
 
     model_path, model = ensure_model(args.cache_dir, args.data_dir)
@@ -159,10 +162,31 @@ def main():
     finally:
         os.sched_setaffinity(0, set(range(os.cpu_count())))
     summary = summarise(rows)
-    report(args, commands, model, summary, rows, load_at_start)
+    in_process = run_in_process(args, model_path, servers) if args.in_process else None
+    report(args, commands, model, summary, rows, load_at_start, in_process)
 
 
-def report(args, commands, model, summary, rows, load_at_start):
+def run_in_process(args, model_path, servers):
+    """``{server: {endpoint: [CPU us/request per round], "load": [...]}}`` of ``_asgi_in_process.py``, each
+    checkout's python in turn (new, ref, ref, new), pinned to CPU 0."""
+    import subprocess
+
+    pythons = [(name, python) for name, python in servers if python is not None]
+    out = {name: {"load": []} for name, _ in pythons}
+    for name, python in pythons + pythons[::-1]:
+        load = round(os.getloadavg()[0], 2)
+        cmd = [python, str(REPO / "benchmarks" / "_asgi_in_process.py"), str(model_path), str(args.in_process),
+               str(args.rounds), args.data_dir]
+        res = subprocess.run(cmd, capture_output=True, text=True, check=True,
+                             preexec_fn=lambda: os.sched_setaffinity(0, {0}))
+        for endpoint, values in json.loads(res.stdout.strip().splitlines()[-1]).items():
+            out[name].setdefault(endpoint, []).extend(values)
+        out[name]["load"].append(load)
+        print(f"  in-process {name}: {res.stdout.strip().splitlines()[-1]} us/request, load {load}", flush=True)
+    return out
+
+
+def report(args, commands, model, summary, rows, load_at_start, in_process=None):
     import qkm
 
     env = {"python": platform.python_version(), "numpy": np.__version__, "qkm": qkm.__version__,
@@ -178,7 +202,7 @@ def report(args, commands, model, summary, rows, load_at_start):
     info = model.index.describe()
     payload = {"command": sl._shown(sys.argv), "server_commands": commands, "environment": env,
                "index": {"n_lists": info.get("n_lists"), "nprobe": info.get("nprobe")},
-               "summary": summary, "rows": rows, "goal": goal}
+               "summary": summary, "rows": rows, "goal": goal, "in_process_us_per_request": in_process}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out + ".json").write_text(json.dumps(payload, indent=1, default=str) + "\n")
     lines = ["# One-row `/search` and `/assign`: server CPU and latency, this checkout (`new`) against a reference "
@@ -197,6 +221,17 @@ def report(args, commands, model, summary, rows, load_at_start):
         lines.append(f"| {r['server']} | {r['endpoint']} | {r['concurrency']} | {r['requests_per_s']:,.0f} | "
                      f"{r['p50_ms']:.2f} | {r['p99_ms']:.2f} | {r['server_cpu_ms']:.3f} | {r['load_1min']:.2f} | "
                      f"{r['non_200']} | {r['transport_errors']} |")
+    if in_process:
+        lines += ["", f"In-process (`_asgi_in_process.py`: the ASGI app called directly, no sockets, pinned to CPU 0; "
+                      f"{args.in_process} requests per endpoint and round, {args.rounds} rounds in each of two runs "
+                      "per checkout, order new, ref, ref, new): server CPU per one-JSON-row request, median (range).",
+                  "", "| endpoint | " + " | ".join(f"{name} us/request" for name in in_process) + " | load (1 min) |",
+                  "|---|" + "---|" * (len(in_process) + 1)]
+        for endpoint in ENDPOINTS:
+            cells = [f"{np.median(v[endpoint]):.0f} ({min(v[endpoint]):.0f}-{max(v[endpoint]):.0f})"
+                     for v in in_process.values()]
+            loads = [x for v in in_process.values() for x in v["load"]]
+            lines.append(f"| {endpoint} | " + " | ".join(cells) + f" | {min(loads):.2f}-{max(loads):.2f} |")
     lines += ["", f"Goal: {goal['goal']}: {goal['measured']}: **{'met' if goal['met'] else 'missed'}**."]
     Path(args.out + ".md").write_text("\n".join(lines) + "\n")
 

@@ -17,6 +17,7 @@ refused before one of them computes (without it, inline requests would run one
 at a time, each alone in flight, and the rest would queue unseen).
 """
 
+import asyncio
 import logging
 import os
 from urllib.parse import parse_qsl
@@ -176,7 +177,7 @@ class Service:
         :mod:`qkm.serve.direct` that call it without a ``Request`` object.
         """
         with self.in_flight.slot():
-            await anyio.lowlevel.checkpoint()  # let every request already received be admitted before work
+            await _checkpoint()  # let every request already received be admitted before work
             kind = media_kind(content_type)
             if kind not in kinds:
                 raise RequestError(415, f"{endpoint} takes {' or '.join(MEDIA_TYPE[k] for k in kinds)}.")
@@ -191,6 +192,16 @@ class Service:
                 content, media_type, headers, n_rows = await self.pool.run(handler, *args)
         self.metrics.observe_rows(endpoint, n_rows)
         return content, media_type, headers, n_rows
+
+
+async def _checkpoint():
+    """``anyio.lowlevel.checkpoint()``: on asyncio (uvicorn) its ``asyncio.sleep(0)`` without the backend lookup."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:  # another event loop (trio)
+        await anyio.lowlevel.checkpoint()
+    else:
+        await asyncio.sleep(0)
 
 
 def query_dict(query_string):

@@ -276,3 +276,32 @@ def test_direct_routes_read_chunked_bodies_and_disconnects_as_fastapi_does(model
         assert answers[0][0] == answers[0][1]  # one chunk or several: the same answer
         metrics = client.get("/metrics").text
         assert 'qkm_requests_total{endpoint="/assign",status="499"} 2.0' in metrics
+
+
+def encoded(fields, fast):
+    """encode_result(JSON) of ``fields``, or (status, message) of its error, with the plain-array path on or off."""
+    from qkm.serve import encode as encode_module
+
+    original = encode_module._plain_json
+    if not fast:
+        encode_module._plain_json = lambda fields: None
+    try:
+        return encode_module.encode_result("json", fields)
+    except RequestError as exc:
+        return "error", exc.status, exc.message
+    finally:
+        encode_module._plain_json = original
+
+
+def test_fast_json_encoding_gives_what_the_wire_arrays_give():
+    rng = np.random.default_rng(2)
+    d = rng.standard_normal((3, 2)) * 10.0 ** rng.integers(-300, 300, (3, 2))
+    cases = [[("indices", np.array([[5, 7]])), ("distances", np.array([[0.1, 1e-300]])),
+              ("labels", np.array([[3, 250]], dtype=np.uint8))],
+             [("sq_distances", d), ("labels", np.arange(3, dtype=np.int32))],
+             [("features", (d[:, :1] * 0 + 1e3 / 3).astype(np.float32))], [("features", (d / d).astype(np.float16))],
+             [("labels", np.array([2**64 - 1], dtype=np.uint64))], [("labels", np.array([-(2**63)]))],
+             [("d", np.array([1.0, np.inf]))], [("d", np.array([np.nan], dtype=np.float32))],
+             [("d", np.array([-0.0, 5e-324]))], [("labels", [1, 2])]]
+    for fields in cases:
+        assert encoded(fields, True) == encoded(fields, False)
