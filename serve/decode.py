@@ -336,6 +336,10 @@ def validate_rows(X, n_features, max_rows, dtype, max_norm=None):
     return X
 
 
+#: :func:`qkm._validation.as_float_dtype`, cached (called per request with the backend's dtype).
+_float_dtype = functools.lru_cache(maxsize=None)(as_float_dtype)
+
+
 @functools.lru_cache(maxsize=None)
 def _dtype_bound(dtype):
     """The row-norm bound :func:`qkm._validation.check_data` applies to rows of ``dtype``."""
@@ -352,7 +356,7 @@ def _plainly_valid(X, n_features, max_rows, dtype, max_norm):
     if type(X) is not np.ndarray or X.ndim != 2 or X.dtype.kind not in "iuf" or X.shape[1] != n_features \
             or not 0 < X.shape[0] <= max_rows or n_features < 1:
         return None
-    target = as_float_dtype(dtype)
+    target = _float_dtype(dtype)
     if X.flags.writeable:
         Y = np.ascontiguousarray(X, dtype=target)
     else:  # arrays over the request bytes: copied, as check_data(copy=True) does
