@@ -1,7 +1,9 @@
 """Server CPU of one-JSON-row requests with the ASGI app driven in-process (no sockets, no HTTP parser).
 
 Run by ``serve_search_overhead.py --in-process N`` with the python of each checkout in turn (``new`` and
-``ref``); prints one JSON line ``{endpoint: [CPU us per request of each round]}``. Every request is a fresh
+``ref``); prints one JSON line ``{endpoint: [CPU us per request of each round]}``, with ``"search call"``: the
+model's own ``search`` of the same rows (float32, one at a time) in the same rounds, the part of ``/search``
+that is the index and not the service (subtracted round by round, it takes out most of the machine's noise). Every request is a fresh
 ASGI scope, a one-message body and a ``send`` that keeps the messages; the first answer of each endpoint
 must be a 200. The bare app of ``serve_load.py`` (``baseline``) costs a few microseconds this way: what is
 measured is the application's own work, the HTTP stack left out.
@@ -57,7 +59,14 @@ async def _lifespan(app, startup=True, queues=None):
     return inbox, outbox
 
 
-async def measure(app, bodies, n, rounds, endpoints=ENDPOINTS):
+def _search_calls(model, Q, n):
+    t = time.process_time()
+    for i in range(n):
+        model.search(Q[i % len(Q):i % len(Q) + 1])
+    return (time.process_time() - t) / n * 1e6
+
+
+async def measure(app, bodies, n, rounds, endpoints=ENDPOINTS, model=None, Q=None):
     queues = await _lifespan(app)
     for path in endpoints:
         status = await _request(app, path, bodies[0])
@@ -66,24 +75,30 @@ async def measure(app, bodies, n, rounds, endpoints=ENDPOINTS):
         for i in range(200):
             await _request(app, path, bodies[i % len(bodies)])
     out = {path: [] for path in endpoints}
+    if model is not None:
+        out["search call"] = []
     for _ in range(rounds):
         for path in endpoints:
             t = time.process_time()
             for i in range(n):
                 await _request(app, path, bodies[i % len(bodies)])
             out[path].append((time.process_time() - t) / n * 1e6)
+        if model is not None:
+            out["search call"].append(_search_calls(model, Q, n))
     await _lifespan(app, startup=False, queues=queues)
     return out
 
 
 def main():
     model_path, n, rounds, data_dir = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+    from qkm.export import load_model
     from qkm.serve import create_app
 
     Q = sl.load_fashion(data_dir, "test")[:256]
     bodies = [json.dumps({"instances": Q[i:i + 1].tolist()}).encode() for i in range(256)]
-    app = create_app(model_path, model_name="bench")
-    print(json.dumps(asyncio.run(measure(app, bodies, n, rounds))))
+    model = load_model(model_path)
+    app = create_app(model, model_name="bench")
+    print(json.dumps(asyncio.run(measure(app, bodies, n, rounds, model=model, Q=Q))))
 
 
 if __name__ == "__main__":

@@ -227,10 +227,15 @@ def report(args, commands, model, summary, rows, load_at_start, in_process=None)
                       "per checkout, order new, ref, ref, new): server CPU per one-JSON-row request, median (range).",
                   "", "| endpoint | " + " | ".join(f"{name} us/request" for name in in_process) + " | load (1 min) |",
                   "|---|" + "---|" * (len(in_process) + 1)]
-        for endpoint in ENDPOINTS:
-            cells = [f"{np.median(v[endpoint]):.0f} ({min(v[endpoint]):.0f}-{max(v[endpoint]):.0f})"
-                     for v in in_process.values()]
-            loads = [x for v in in_process.values() for x in v["load"]]
+        loads = [x for v in in_process.values() for x in v["load"]]
+        for endpoint in ENDPOINTS + ("search call", "/search minus search call"):
+            cells = []
+            for v in in_process.values():
+                if endpoint == "/search minus search call":
+                    values = [a - b for a, b in zip(v["/search"], v["search call"])]
+                else:
+                    values = v[endpoint]
+                cells.append(f"{np.median(values):.0f} ({min(values):.0f}-{max(values):.0f})")
             lines.append(f"| {endpoint} | " + " | ".join(cells) + f" | {min(loads):.2f}-{max(loads):.2f} |")
     lines += ["", f"Goal: {goal['goal']}: {goal['measured']}: **{'met' if goal['met'] else 'missed'}**."]
     Path(args.out + ".md").write_text("\n".join(lines) + "\n")
