@@ -3,10 +3,10 @@
 A/B of the serving overhead (issue 16: ``/search`` one row p99 <= 2 ms at concurrency 8). Rerun (from the
 repository root; the reference is another checkout with its own venv, here main before the change)::
 
-    mkdir -p benchmarks/.cache/ref-5641d65 && git archive 5641d65 | tar -x -C benchmarks/.cache/ref-5641d65
-    make -C benchmarks/.cache/ref-5641d65 .venv/.installed
-    .venv/bin/python benchmarks/serve_search_overhead.py --ref-python benchmarks/.cache/ref-5641d65/.venv/bin/python \\
-        --out benchmarks/results/serve_search_overhead        # about 8 minutes (+7 to train the model once)
+    mkdir -p benchmarks/.cache/ref-d95a66f && git archive d95a66f | tar -x -C benchmarks/.cache/ref-d95a66f
+    make -C benchmarks/.cache/ref-d95a66f .venv/.installed
+    .venv/bin/python benchmarks/serve_search_overhead.py --ref-python benchmarks/.cache/ref-d95a66f/.venv/bin/python \\
+        --in-process 2000 --out benchmarks/results/serve_search_overhead2   # about 11 minutes (+ the model once)
 
 What it does:
 
@@ -21,6 +21,10 @@ What it does:
    ``--duration`` s recorded. Server CPU per request is read from ``/proc``.
 3. Checks the first ``/search`` answer of each server against in-process ``index.query``, reports the median
    over rounds of every figure, with the machine load at each level.
+4. With ``--in-process N``: runs ``_asgi_in_process.py`` with each checkout's python (new, ref, ref, new),
+   which drives the ASGI app without sockets and times, per round, N one-row requests per endpoint and the
+   model's own ``search`` of the same rows: the service's CPU per request without the HTTP stack, and
+   ``/search`` minus the search call (the service's part, with most of a busy machine's noise taken out).
 """
 
 import argparse
