@@ -221,12 +221,13 @@ def test_streamed_body_under_the_limit_is_accepted(client):
     assert r.status_code == 200 and len(r.json()["labels"]) == 2
 
 
-def test_client_hanging_up_mid_body_is_counted_as_499(model):
-    import asyncio
-
-    app = create_app(model)
-    messages = [{"type": "http.request", "body": b'{"instances": [[1,', "more_body": True},
-                {"type": "http.disconnect"}]
+async def asgi_post(app, path, chunks, disconnect=False, query=b""):
+    """POST to the ASGI ``app`` with a body sent in ``chunks`` (then a disconnect, if asked), no server between:
+    ``(status, sorted headers, body)`` of the answer."""
+    messages = [{"type": "http.request", "body": c, "more_body": i + 1 < len(chunks) or disconnect}
+                for i, c in enumerate(chunks)]
+    if disconnect:
+        messages.append({"type": "http.disconnect"})
     sent = []
 
     async def receive():
@@ -236,11 +237,18 @@ def test_client_hanging_up_mid_body_is_counted_as_499(model):
         sent.append(message)
 
     scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
-             "path": "/assign", "raw_path": b"/assign", "query_string": b"", "root_path": "",
-             "headers": [(b"content-type", b"application/json")], "client": ("127.0.0.1", 1),
-             "server": ("127.0.0.1", 2)}
-    asyncio.run(app(scope, receive, send))
-    assert sent[0]["status"] == 499
+             "path": path, "raw_path": path.encode(), "root_path": "", "query_string": query,
+             "headers": [(b"host", b"t"), (b"content-type", b"application/json")],
+             "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 2)}
+    await app(scope, receive, send)
+    return sent[0]["status"], sorted(sent[0]["headers"]), b"".join(m.get("body", b"") for m in sent[1:])
+
+
+def test_client_hanging_up_mid_body_is_counted_as_499(model):
+    import asyncio
+
+    app = create_app(model)
+    assert asyncio.run(asgi_post(app, "/assign", [b'{"instances": [[1,'], disconnect=True))[0] == 499
     assert 'qkm_requests_total{endpoint="/assign",status="499"} 1.0' in app.state.service.metrics.render()[0].decode()
 
 

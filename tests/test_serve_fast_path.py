@@ -23,7 +23,7 @@ from qkm.serve import create_app
 from qkm.serve import decode as decode_module
 from qkm.serve.errors import RequestError
 from qkm.serve.middleware import ServiceMiddleware
-from test_serve_errors import D, npy_bytes
+from test_serve_errors import D, asgi_post, npy_bytes
 
 
 def outcome(body, fast):
@@ -233,28 +233,6 @@ def test_direct_routes_answer_a_bug_with_500_as_fastapi_does(model, blobs, monke
         assert 'qkm_requests_total{endpoint="/search",status="500"} 2.0' in metrics
 
 
-async def _call(app, path, chunks, disconnect=False, query=b""):
-    """Drive the ASGI app with a body sent in ``chunks`` (then a disconnect, if asked); the messages sent back."""
-    messages = [{"type": "http.request", "body": c, "more_body": i + 1 < len(chunks) or disconnect}
-                for i, c in enumerate(chunks)]
-    if disconnect:
-        messages.append({"type": "http.disconnect"})
-    sent = []
-
-    async def receive():
-        return messages.pop(0)
-
-    async def send(message):
-        sent.append(message)
-
-    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
-             "path": path, "raw_path": path.encode(), "root_path": "", "query_string": query,
-             "headers": [(b"host", b"t"), (b"content-type", b"application/json")],
-             "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 2)}
-    await app(scope, receive, send)
-    return sent[0]["status"], sorted(sent[0]["headers"]), b"".join(m.get("body", b"") for m in sent[1:])
-
-
 def test_direct_routes_read_chunked_bodies_and_disconnects_as_fastapi_does(model, blobs):
     import anyio
 
@@ -269,7 +247,7 @@ def test_direct_routes_read_chunked_bodies_and_disconnects_as_fastapi_does(model
         answers = []
         for direct in (routes, {}):
             middleware.direct_routes = direct
-            answers.append([anyio.run(_call, app, path, chunks, disconnect, query)
+            answers.append([anyio.run(asgi_post, app, path, chunks, disconnect, query)
                             for path, chunks, disconnect, query in cases])
         assert answers[0] == answers[1]
         assert [status for status, _, _ in answers[0]] == [200, 200, 499, 413, 200]
