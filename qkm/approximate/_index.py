@@ -370,6 +370,47 @@ class InvertedLists:
         _run_grouped(None, probe, np.zeros(2, dtype=np.int64), n_q, n_threads)
         return zh, nq, chosen, n_chosen
 
+    def _plain_codec(self):
+        """Whether the coordinates and centroids are stored as float32 values (the index's own lists)."""
+        codec = self.ix[3]
+        return self.own and self.store == "float32" and bool(np.all(codec[:, 0] == 0) and np.all(codec[:, 1] == 1))
+
+    def _center_norms(self):
+        """``||c||^2`` of the lists' stored centroids (float64), their largest norm and ``||mean||``, computed once."""
+        if getattr(self, "_cn", None) is None:
+            C = self.ix[4]
+            self._cn = np.einsum("ij,ij->j", C, C, dtype=np.float64)
+            self._cmax = float(np.sqrt(self._cn.max())) if self._cn.shape[0] else 0.0
+            self._mnorm = float(np.sqrt(self.mean @ self.mean))
+        return self._cn, self._cmax, self._mnorm
+
+    def batch_choose(self, Q, Z, U, k, nprobe, n_threads=1):
+        """The lists probed by dense float64 queries ``Q`` (own lists, float32 coordinates), from BLAS products.
+
+        ``Z`` (n_q, m) float64: the queries' coordinates from :func:`coordinates`,
+        ``U`` their float32 values. The same lists as the single-query path
+        chooses (:func:`qkm.approximate._search_prefilter.choose_lists`: decided
+        from one matrix product with the centroids when a rounding bound
+        settles them, else by the single-query path's own code). Returns
+        ``(nq, chosen, n_chosen)`` as :meth:`batch_probe` (the lists as a set).
+        """
+        n_q = Q.shape[0]
+        h = self.head_dims
+        V = np.ascontiguousarray(U[:, :h])
+        dots = V @ self.ix[4]
+        cn, cmax, mnorm = self._center_norms()
+        nq = np.empty(n_q)
+        chosen = np.empty((n_q, self._most_probed(nprobe, k)), dtype=np.int64)
+        n_chosen = np.empty(n_q, dtype=np.int64)
+        ix = self.ix
+
+        def probe(i0, i1):
+            SF.choose_lists(i0, i1, Q, ix, Z, V, dots, cn, cmax, mnorm, int(nprobe), int(k), nq, chosen, n_chosen,
+                            np.empty(self.n_lists))
+
+        _run_grouped(None, probe, np.zeros(2, dtype=np.int64), n_q, n_threads)
+        return nq, chosen, n_chosen
+
     def search_prefiltered(self, X, k, nprobe, given=None, n_threads=1):
         """``search`` by the pre-filtered batch path (dense rows, float32 coordinates).
 
@@ -387,15 +428,24 @@ class InvertedLists:
             return out_d, out_i
         Q = self._queries(X)[0]
         h = self.head_dims
-        zh, nq, chosen, n_chosen = self.batch_probe(Q, k, nprobe, given, n_threads)
+        if given is None and self._plain_codec():  # every coordinate from BLAS, the lists chosen from BLAS products
+            with np.errstate(invalid="ignore", over="ignore"):
+                Z = coordinates(Q, self.mean, self.basis)
+                U = Z.astype(np.float32)
+            nq, chosen, n_chosen = self.batch_choose(Q, Z, U, k, nprobe, n_threads)
+            with np.errstate(invalid="ignore", over="ignore"):
+                rq = np.sqrt(np.maximum(nq - np.einsum("ij,ij->i", Z, Z), 0.0))
+        else:
+            zh, nq, chosen, n_chosen = self.batch_probe(Q, k, nprobe, given, n_threads)
+            with np.errstate(invalid="ignore", over="ignore"):
+                Zt = coordinates(Q, self.mean, self.basis, h)
+                U = np.empty((n_q, self.n_coords), dtype=np.float32)
+                U[:, :h], U[:, h:] = zh, Zt
+                rq = np.sqrt(np.maximum(nq - np.einsum("ij,ij->i", zh, zh) - np.einsum("ij,ij->i", Zt, Zt), 0.0))
         base, grp_ptr, grp_q, grp_slot = SB.group(chosen, n_chosen, self.sizes)
         ix = self.ix
         with np.errstate(invalid="ignore", over="ignore"):
-            Zt = coordinates(Q, self.mean, self.basis, h)
-            U = np.empty((n_q, self.n_coords), dtype=np.float32)
-            U[:, :h], U[:, h:] = zh, Zt
             un = np.einsum("ij,ij->i", U, U, dtype=np.float64)
-            rq = np.sqrt(np.maximum(nq - np.einsum("ij,ij->i", zh, zh) - np.einsum("ij,ij->i", Zt, Zt), 0.0))
         zn, znmax = self._coordinate_norms()
         resid = self.ix[9]
         ry = np.ascontiguousarray(resid[:, resid.shape[1] - 1])
