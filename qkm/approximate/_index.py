@@ -397,7 +397,8 @@ class InvertedLists:
         n_q = Q.shape[0]
         h = self.head_dims
         V = np.ascontiguousarray(U[:, :h])
-        dots = V @ self.ix[4]
+        with np.errstate(invalid="ignore", over="ignore"):  # a query that is not finite: no lists (see the kernel)
+            dots = V @ self.ix[4]
         cn, cmax, mnorm = self._center_norms()
         nq = np.empty(n_q)
         chosen = np.empty((n_q, self._most_probed(nprobe, k)), dtype=np.int64)
