@@ -160,14 +160,14 @@ def test_batch_choose_is_the_lists_of_one_query(wide):
     lists = InvertedLists(X, rng.randint(0, n_lists, X.shape[0]), n_lists, mean, basis, centers)
     assert lists._plain_codec()
     Q = np.ascontiguousarray(np.vstack([Xq, X[:20]]), dtype=np.float64)
-    Z = coordinates(Q, lists.mean, lists.basis)
     pd = lists.list_distances(Q)
     for nprobe, k in [(1, 1), (2, 1), (3, 4), (6, 10), (1, int(lists.sizes.max()) + 5), (n_lists, 1)]:
-        nq, chosen, n_chosen = lists.batch_choose(Q, Z, Z.astype(np.float32), k, nprobe)
+        Z, nq, chosen, n_chosen = lists.batch_choose(Q, k, nprobe)
         ref = probe_lists(pd, lists.sizes, nprobe, k)
         for i in range(Q.shape[0]):
             assert sorted(chosen[i, :n_chosen[i]].tolist()) == sorted(ref[i][ref[i] >= 0].tolist())
-        np.testing.assert_array_equal(nq, lists.batch_probe(Q, k, nprobe)[1])
+        np.testing.assert_allclose(nq, lists.batch_probe(Q, k, nprobe)[1], rtol=1e-12)
+        np.testing.assert_allclose(Z, coordinates(Q, lists.mean, lists.basis), rtol=1e-9, atol=1e-9)
     got = [lists.search(Q, 3, 2, path=path) for path in ("per-query", "prefiltered")]  # the answers of both paths
     np.testing.assert_array_equal(got[0][0], got[1][0])
     np.testing.assert_array_equal(got[0][1], got[1][1])

@@ -375,42 +375,56 @@ class InvertedLists:
         codec = self.ix[3]
         return self.own and self.store == "float32" and bool(np.all(codec[:, 0] == 0) and np.all(codec[:, 1] == 1))
 
-    def _center_norms(self):
-        """``||c||^2`` of the lists' stored centroids (float64), their largest norm and ``||mean||``, computed once."""
-        if getattr(self, "_cn", None) is None:
+    def _center_block(self):
+        """``[centers_t; float32(||c||^2)]`` (h + 1, n_lists) float32, the non-empty lists, the largest ``||c||`` and
+        ``||mean||``, computed once (:func:`qkm.approximate._search_prefilter.choose_lists`)."""
+        if getattr(self, "_cblock", None) is None:
             C = self.ix[4]
-            self._cn = np.einsum("ij,ij->j", C, C, dtype=np.float64)
-            self._cmax = float(np.sqrt(self._cn.max())) if self._cn.shape[0] else 0.0
-            self._mnorm = float(np.sqrt(self.mean @ self.mean))
-        return self._cn, self._cmax, self._mnorm
+            cn = np.einsum("ij,ij->j", C, C, dtype=np.float64)
+            self._cblock = (np.ascontiguousarray(np.vstack([C, cn[None, :].astype(np.float32)])),
+                            np.flatnonzero(self.sizes > 0).astype(np.int64),
+                            float(np.sqrt(cn.max())) * 1.0001 if cn.shape[0] else 0.0,
+                            float(np.sqrt(self.mean @ self.mean)) * 1.0001)
+        return self._cblock
 
-    def batch_choose(self, Q, Z, U, k, nprobe, n_threads=1):
+    def batch_choose(self, Q, k, nprobe, n_threads=1):
         """The lists probed by dense float64 queries ``Q`` (own lists, float32 coordinates), from BLAS products.
 
-        ``Z`` (n_q, m) float64: the queries' coordinates from :func:`coordinates`,
-        ``U`` their float32 values. The same lists as the single-query path
-        chooses (:func:`qkm.approximate._search_prefilter.choose_lists`: decided
-        from one matrix product with the centroids when a rounding bound
-        settles them, else by the single-query path's own code). Returns
-        ``(nq, chosen, n_chosen)`` as :meth:`batch_probe` (the lists as a set).
+        The same lists as the single-query path chooses
+        (:func:`qkm.approximate._search_prefilter.choose_lists`: decided from
+        one matrix product with the centroids when a rounding bound settles
+        them, else by the single-query path's own code). Returns ``(Z, nq,
+        chosen, n_chosen)``: the queries' coordinates (n_q, m) float64,
+        ``||q - mean||^2``, and the lists as :meth:`batch_probe` gives them
+        (as a set).
         """
         n_q = Q.shape[0]
         h = self.head_dims
-        V = np.ascontiguousarray(U[:, :h])
-        with np.errstate(invalid="ignore", over="ignore"):  # a query that is not finite: no lists (see the kernel)
-            dots = V @ self.ix[4]
-        cn, cmax, mnorm = self._center_norms()
+        B = np.asarray(self.basis, dtype=np.float64)
+        Z = np.empty((n_q, self.n_coords))
         nq = np.empty(n_q)
+        step = _config.DENSE_BLOCK_ROWS
+        with np.errstate(invalid="ignore", over="ignore"):  # a query that is not finite: no lists (see the kernel)
+            for s in range(0, n_q, step):
+                A = Q[s:s + step] - self.mean
+                Z[s:s + step] = A @ B
+                nq[s:s + step] = np.einsum("ij,ij->i", A, A)
+            V = np.empty((n_q, h + 1), dtype=np.float32)
+            V[:, :h] = Z[:, :h]
+            V[:, :h] *= -2.0
+            V[:, h] = 1.0
+            cblock, listed, cmax, mnorm = self._center_block()
+            dots = V @ cblock
+            V = np.ascontiguousarray(Z[:, :h], dtype=np.float32)
         chosen = np.empty((n_q, self._most_probed(nprobe, k)), dtype=np.int64)
         n_chosen = np.empty(n_q, dtype=np.int64)
         ix = self.ix
 
         def probe(i0, i1):
-            SF.choose_lists(i0, i1, Q, ix, Z, V, dots, cn, cmax, mnorm, int(nprobe), int(k), nq, chosen, n_chosen,
-                            np.empty(self.n_lists))
+            SF.choose_lists(i0, i1, Q, ix, Z, V, nq, dots, listed, cmax, mnorm, int(nprobe), int(k), chosen, n_chosen)
 
         _run_grouped(None, probe, np.zeros(2, dtype=np.int64), n_q, n_threads)
-        return nq, chosen, n_chosen
+        return Z, nq, chosen, n_chosen
 
     def search_prefiltered(self, X, k, nprobe, given=None, n_threads=1):
         """``search`` by the pre-filtered batch path (dense rows, float32 coordinates).
@@ -430,11 +444,9 @@ class InvertedLists:
         Q = self._queries(X)[0]
         h = self.head_dims
         if given is None and self._plain_codec():  # every coordinate from BLAS, the lists chosen from BLAS products
+            Z, nq, chosen, n_chosen = self.batch_choose(Q, k, nprobe, n_threads)
             with np.errstate(invalid="ignore", over="ignore"):
-                Z = coordinates(Q, self.mean, self.basis)
                 U = Z.astype(np.float32)
-            nq, chosen, n_chosen = self.batch_choose(Q, Z, U, k, nprobe, n_threads)
-            with np.errstate(invalid="ignore", over="ignore"):
                 rq = np.sqrt(np.maximum(nq - np.einsum("ij,ij->i", Z, Z), 0.0))
         else:
             zh, nq, chosen, n_chosen = self.batch_probe(Q, k, nprobe, given, n_threads)

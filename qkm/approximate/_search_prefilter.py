@@ -35,6 +35,10 @@ from ._search_probe import _center_distances, _codes, _project, _select_lists
 #: Candidates looked ahead when prefetching rows for their exact distance.
 ROW_PREFETCH_AHEAD = 1
 
+#: :func:`choose_lists` decides from the BLAS products up to this ``nprobe`` (its selection costs ``nprobe`` per
+#: list at worst); beyond, every query takes the single-query path's choice.
+CHOOSE_MAX_NPROBE = 64
+
 
 @njit(**_JIT)
 def bound_lists(c0, c1, U, un, rq, coords_t, yn, ry, offsets, grp_ptr, grp_q, grp_slot, bounds, pos):
@@ -143,26 +147,26 @@ def _gamma(n, unit):  # the rounding of n operations in a precision of unit roun
 
 
 @njit(**_JIT)
-def choose_lists(i0, i1, Q, ix, Z, V, dots, cn, cmax, mnorm, nprobe, k, nq, chosen, n_chosen, avals):
+def choose_lists(i0, i1, Q, ix, Z, V, nq, dots, listed, cmax, mnorm, nprobe, k, chosen, n_chosen):
     """Lists probed by the dense queries ``i0 <= i < i1`` of a batch (own lists, float32 coordinates), from BLAS.
 
     The single-query path ranks the lists by ``P_c``: the float32 sum of
     ``(u_j - c_j)^2`` over the head, ``u = float32(z)``, ``z`` its IEEE-exact
     projection (:func:`qkm.approximate._search_probe._project`). Here a batch
-    gets its coordinates ``Z`` (n_q, >= h) from one float64 matrix product and
-    the products ``dots = V @ centers_t`` (``V = float32(Z[:, :h])``) from one
-    float32 matrix product, so every list gets ``a_c = ||v||^2 + ||c||^2 -
-    2 v.c`` with ``|a_c - P_c| <= E`` (``E`` below: the float64 error of ``Z``,
-    the float32 roundings of ``u``, ``v``, the product and of ``P_c``). With
-    ``T`` the ``nprobe``-th smallest ``a_c`` over the non-empty lists, the
-    lists with ``a_c <= T + 2E`` hold every list of ``P`` up to the
-    ``nprobe``-th and only lists at least as far; when they are exactly
-    ``nprobe`` (and hold ``k`` rows), they are the single-query path's choice
-    (every one has a smaller ``P`` than every other list). Otherwise (near
-    ties, widening) the query takes the single-query path's own code. OUT
-    ``nq``: ``||q - mean||^2`` (as the single-query path sums it),
-    ``chosen[i, :n_chosen[i]]`` the lists (as a set: in index order when
-    decided here), none for a query that is not finite. ``avals``: scratch (L,).
+    has its coordinates ``Z`` (n_q, >= h) and ``nq = ||q - mean||^2`` from
+    float64 matrix products, ``V = float32(Z[:, :h])``, and ``dots = [-2 V, 1]
+    @ [centers_t; float32(||c||^2)]`` from one float32 product, so that
+    ``a_c = ||v||^2 + dots[c]`` satisfies ``|a_c - P_c| <= E`` (``E`` below:
+    the float64 error of ``Z``, the float32 roundings of ``u``, ``v``, the
+    product and of ``P_c``). With ``T`` the ``nprobe``-th smallest ``dots[c]``
+    over the non-empty lists (``listed``), the lists with ``dots[c] <= T + 2E``
+    hold every list of ``P`` up to the ``nprobe``-th; when they are exactly
+    ``nprobe`` (and hold ``k`` rows) they have ``dots[c] <= T`` and every other
+    list ``> T + 2E``, so they are the single-query path's choice (each has a
+    smaller ``P`` than any other list). Otherwise (near or exact ties,
+    widening, ``nprobe > CHOOSE_MAX_NPROBE``) the query takes the single-query
+    path's own code. OUT ``chosen[i, :n_chosen[i]]``: the lists (as a set: in
+    index order when decided here), none for a query that is not finite.
     """
     mean, basis, shift, codec, centers_t, sizes = ix[:6]
     h, L = centers_t.shape
@@ -174,77 +178,63 @@ def choose_lists(i0, i1, Q, ix, Z, V, dots, cn, cmax, mnorm, nprobe, k, nq, chos
     pd32 = np.empty(L, dtype=np.float32)
     pd = np.empty(L)
     probe = np.empty(L, dtype=np.int64)
-    top = np.empty(max(nprobe, 1))
+    top = np.empty(max(nprobe, 1), dtype=np.float32)
     u32 = 2.0 ** -24
-    u64 = 2.0 ** -53
-    g_dot = _gamma(h, u32)
+    g_dot = _gamma(h + 1, u32)
     g_sum = _gamma(h + 2, u32)
-    g_proj = _gamma(D + 2, u64)
-    g_norm = _gamma(h + 4, u64)
-    n_ne = 0
-    for c in range(L):
-        n_ne += sizes[c] > 0
+    g_proj = _gamma(D + 2, 2.0 ** -53)
+    n_ne = listed.shape[0]
     for i in range(i0, i1):
-        q = Q[i]
-        s = 0.0
-        sq = 0.0
-        for t in range(D):  # ||q - mean||^2 as _project adds it
-            v = q[t]
-            a = v - mean[t]
-            s += a * a
-            sq += v * v
-        nq[i] = s
-        if not np.isfinite(s):
+        if not np.isfinite(nq[i]):
             n_chosen[i] = 0
             continue
+        vi = V[i]
+        zi = Z[i]
         nv = 0.0
         nzb = 0.0
         for j in range(h):
-            vj = np.float64(V[i, j])
+            vj = np.float64(vi[j])
             nv += vj * vj
-            nzb += Z[i, j] * Z[i, j]
+            nzb += zi[j] * zi[j]
         vn = np.sqrt(nv)
-        # |Z - z| per coordinate (both float64 dot products of D terms, columns of norm <= 1.001)
-        delta = 4.0 * g_proj * (np.sqrt(sq) + np.sqrt(s) + mnorm) * 1.01
+        qn = np.sqrt(nq[i])
+        # |Z - z| per coordinate: two float64 dot products of D terms (columns of norm <= 1.001), ||q|| <= qn + mnorm
+        delta = 4.0 * g_proj * (2.0 * qn + 3.0 * mnorm) * 1.01
         eta = 2.0 * u32 * np.sqrt(nzb) * 1.01 + 1.01 * np.sqrt(h) * delta  # >= ||v - u||
-        err = 1.01 * (2.0 * g_dot * vn * cmax + 2.0 * g_norm * (nv + cmax * cmax) + eta * (2.0 * (vn + cmax) + eta)
-                      + g_sum * (vn + eta + cmax) ** 2)
+        err = 1.01 * ((g_dot * (1.0 + u32) + u32) * (2.0 * vn * cmax + cmax * cmax)
+                      + eta * (2.0 * (vn + cmax) + eta) + g_sum * (vn + eta + cmax) ** 2)
         decided = False
-        if nprobe < n_ne:
+        if nprobe < n_ne and nprobe <= CHOOSE_MAX_NPROBE:
             drow = dots[i]
-            cnt = 0
-            for c in range(L):
-                if sizes[c] == 0:
-                    continue
-                a = nv + cn[c] - 2.0 * np.float64(drow[c])
-                avals[c] = a
-                if cnt < nprobe:
-                    t = cnt
-                    cnt += 1
-                elif a < top[nprobe - 1]:
-                    t = nprobe - 1
-                else:
-                    continue
-                while t > 0 and a < top[t - 1]:
-                    top[t] = top[t - 1]
-                    t -= 1
-                top[t] = a
-            lim = top[nprobe - 1] + 2.0 * err
+            for t in range(nprobe):
+                top[t] = np.inf
+            last = np.float32(np.inf)
+            for t in range(n_ne):  # the nprobe smallest
+                a = drow[listed[t]]
+                if a < last:
+                    r = nprobe - 1
+                    while r > 0 and a < top[r - 1]:
+                        top[r] = top[r - 1]
+                        r -= 1
+                    top[r] = a
+                    last = top[nprobe - 1]
+            lim = np.float64(last) + 2.0 * err
             p = 0
-            total = 0
-            for c in range(L):
-                if sizes[c] > 0 and avals[c] <= lim:
-                    if p == nprobe:
+            for t in range(n_ne):
+                p += np.float64(drow[listed[t]]) <= lim
+            if p == nprobe:
+                total = 0
+                p = 0
+                for t in range(n_ne):
+                    c = listed[t]
+                    if np.float64(drow[c]) <= lim:
+                        chosen[i, p] = c
+                        total += sizes[c]
                         p += 1
-                        break
-                    chosen[i, p] = c
-                    total += sizes[c]
-                    p += 1
-            if p == nprobe and total >= k:
+                decided = total >= k
                 n_chosen[i] = p
-                decided = True
-        if not decided:  # near ties, widening or all lists: the single-query path's own choice
-            _project(q, mean, basis, shift, h, z, xq, nz)
+        if not decided:  # near ties, widening or many lists: the single-query path's own choice
+            _project(Q[i], mean, basis, shift, h, z, xq, nz)
             _codes(z, codec, h, u)
             _center_distances(u, codec, centers_t, pd32, pd)
             p = _select_lists(pd, sizes, nprobe, k, probe)
