@@ -415,13 +415,15 @@ class InvertedLists:
             V[:, h] = 1.0
             cblock, listed, cmax, mnorm = self._center_block()
             dots = V @ cblock
+            if listed.shape[0] < self.n_lists:
+                dots[:, self.sizes == 0] = np.inf
             V = np.ascontiguousarray(Z[:, :h], dtype=np.float32)
         chosen = np.empty((n_q, self._most_probed(nprobe, k)), dtype=np.int64)
         n_chosen = np.empty(n_q, dtype=np.int64)
         ix = self.ix
 
         def probe(i0, i1):
-            SF.choose_lists(i0, i1, Q, ix, Z, V, nq, dots, listed, cmax, mnorm, int(nprobe), int(k), chosen, n_chosen)
+            SF.choose_lists(i0, i1, Q, ix, Z, V, nq, dots, listed.shape[0], cmax, mnorm, int(nprobe), int(k), chosen, n_chosen)
 
         _run_grouped(None, probe, np.zeros(2, dtype=np.int64), n_q, n_threads)
         return Z, nq, chosen, n_chosen

@@ -147,7 +147,7 @@ def _gamma(n, unit):  # the rounding of n operations in a precision of unit roun
 
 
 @njit(**_JIT)
-def choose_lists(i0, i1, Q, ix, Z, V, nq, dots, listed, cmax, mnorm, nprobe, k, chosen, n_chosen):
+def choose_lists(i0, i1, Q, ix, Z, V, nq, dots, n_listed, cmax, mnorm, nprobe, k, chosen, n_chosen):
     """Lists probed by the dense queries ``i0 <= i < i1`` of a batch (own lists, float32 coordinates), from BLAS.
 
     The single-query path ranks the lists by ``P_c``: the float32 sum of
@@ -158,15 +158,15 @@ def choose_lists(i0, i1, Q, ix, Z, V, nq, dots, listed, cmax, mnorm, nprobe, k, 
     @ [centers_t; float32(||c||^2)]`` from one float32 product, so that
     ``a_c = ||v||^2 + dots[c]`` satisfies ``|a_c - P_c| <= E`` (``E`` below:
     the float64 error of ``Z``, the float32 roundings of ``u``, ``v``, the
-    product and of ``P_c``). With ``T`` the ``nprobe``-th smallest ``dots[c]``
-    over the non-empty lists (``listed``), the lists with ``dots[c] <= T + 2E``
-    hold every list of ``P`` up to the ``nprobe``-th; when they are exactly
-    ``nprobe`` (and hold ``k`` rows) they have ``dots[c] <= T`` and every other
-    list ``> T + 2E``, so they are the single-query path's choice (each has a
-    smaller ``P`` than any other list). Otherwise (near or exact ties,
+    product and of ``P_c``; ``dots`` is infinite for an empty list). When the
+    ``nprobe + 1``-th smallest ``dots[c]`` exceeds the ``nprobe``-th by more
+    than ``2E`` (and the ``nprobe`` smallest hold ``k`` rows), each of the
+    ``nprobe`` lists has a smaller ``P`` than any other list: they are the
+    single-query path's choice (``n_listed``: the non-empty lists; there must
+    be more than ``nprobe``). Otherwise (near or exact ties,
     widening, ``nprobe > CHOOSE_MAX_NPROBE``) the query takes the single-query
-    path's own code. OUT ``chosen[i, :n_chosen[i]]``: the lists (as a set: in
-    index order when decided here), none for a query that is not finite.
+    path's own code. OUT ``chosen[i, :n_chosen[i]]``: the lists (as a set: by
+    ``dots`` when decided here), none for a query that is not finite.
     """
     mean, basis, shift, codec, centers_t, sizes = ix[:6]
     h, L = centers_t.shape
@@ -178,12 +178,13 @@ def choose_lists(i0, i1, Q, ix, Z, V, nq, dots, listed, cmax, mnorm, nprobe, k, 
     pd32 = np.empty(L, dtype=np.float32)
     pd = np.empty(L)
     probe = np.empty(L, dtype=np.int64)
-    top = np.empty(max(nprobe, 1), dtype=np.float32)
+    top = np.empty(nprobe + 1, dtype=np.float32)
+    ids = np.empty(nprobe + 1, dtype=np.int64)
     u32 = 2.0 ** -24
     g_dot = _gamma(h + 1, u32)
     g_sum = _gamma(h + 2, u32)
     g_proj = _gamma(D + 2, 2.0 ** -53)
-    n_ne = listed.shape[0]
+    n_ne = n_listed
     for i in range(i0, i1):
         if not np.isfinite(nq[i]):
             n_chosen[i] = 0
@@ -204,35 +205,29 @@ def choose_lists(i0, i1, Q, ix, Z, V, nq, dots, listed, cmax, mnorm, nprobe, k, 
         err = 1.01 * ((g_dot * (1.0 + u32) + u32) * (2.0 * vn * cmax + cmax * cmax)
                       + eta * (2.0 * (vn + cmax) + eta) + g_sum * (vn + eta + cmax) ** 2)
         decided = False
-        if nprobe < n_ne and nprobe <= CHOOSE_MAX_NPROBE:
+        if nprobe < n_ne and nprobe <= CHOOSE_MAX_NPROBE and nv + cmax * cmax < 1e30:  # no float32 overflow
             drow = dots[i]
-            for t in range(nprobe):
+            for t in range(nprobe + 1):
                 top[t] = np.inf
             last = np.float32(np.inf)
-            for t in range(n_ne):  # the nprobe smallest
-                a = drow[listed[t]]
+            for c in range(L):  # the nprobe + 1 smallest (an empty list is infinite)
+                a = drow[c]
                 if a < last:
-                    r = nprobe - 1
+                    r = nprobe
                     while r > 0 and a < top[r - 1]:
                         top[r] = top[r - 1]
+                        ids[r] = ids[r - 1]
                         r -= 1
                     top[r] = a
-                    last = top[nprobe - 1]
-            lim = np.float64(last) + 2.0 * err
-            p = 0
-            for t in range(n_ne):
-                p += np.float64(drow[listed[t]]) <= lim
-            if p == nprobe:
+                    ids[r] = c
+                    last = top[nprobe]
+            if np.float64(top[nprobe]) > np.float64(top[nprobe - 1]) + 2.0 * err:  # a gap: the nprobe are settled
                 total = 0
-                p = 0
-                for t in range(n_ne):
-                    c = listed[t]
-                    if np.float64(drow[c]) <= lim:
-                        chosen[i, p] = c
-                        total += sizes[c]
-                        p += 1
+                for t in range(nprobe):
+                    chosen[i, t] = ids[t]
+                    total += sizes[ids[t]]
+                n_chosen[i] = nprobe
                 decided = total >= k
-                n_chosen[i] = p
         if not decided:  # near ties, widening or many lists: the single-query path's own choice
             _project(Q[i], mean, basis, shift, h, z, xq, nz)
             _codes(z, codec, h, u)
