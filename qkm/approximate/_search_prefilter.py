@@ -3,9 +3,13 @@
 The per-query path (:mod:`qkm.approximate._search_kernels`) bounds the rows
 of a query's lists on their head coordinates, one query after the other, and
 refines the survivors one by one (random reads of their deeper coordinates).
-Here every query's lists are chosen by the single-query path's own code
-(:func:`qkm.approximate._search_probe.probe_batch`, which also gives the
-head coordinates and norms), the queries are grouped by list
+Here every query's lists are the single-query path's choice: for the
+index's own lists with float32 coordinates decided from two matrix products
+(all the queries' coordinates, then their products with the centroids) where a
+rounding bound settles them (:func:`choose_lists`; near ties take the
+single-query code), else chosen by that code itself
+(:func:`qkm.approximate._search_probe.probe_batch`, which also gives the head
+coordinates and norms). The queries are grouped by list
 (:func:`qkm.approximate._search_batch.group`), and every list is read once
 for all the queries that probe it: one matrix product (BLAS) of the group's
 coordinates with the list's stored coordinates, all ``m`` of them in one
@@ -30,7 +34,7 @@ from numba import njit
 
 from ..factorization._kernels import _JIT
 from ._search_kernels import LANES, MARGIN, _exact_dense, _insert, _k_smallest, _prefetch
-from ._search_probe import _center_distances, _codes, _project, _select_lists
+from ._search_probe import _center_distances, _choice_buffers, _codes, _project, _select_lists
 
 #: Candidates looked ahead when prefetching rows for their exact distance.
 ROW_PREFETCH_AHEAD = 1
@@ -171,13 +175,7 @@ def choose_lists(i0, i1, Q, ix, Z, V, nq, dots, n_listed, cmax, mnorm, nprobe, k
     mean, basis, shift, codec, centers_t, sizes = ix[:6]
     h, L = centers_t.shape
     D = basis.shape[0]
-    z = np.empty(h)
-    xq = np.empty(D)
-    nz = np.empty(D, dtype=np.int64)
-    u = np.empty(h, dtype=np.float32)
-    pd32 = np.empty(L, dtype=np.float32)
-    pd = np.empty(L)
-    probe = np.empty(L, dtype=np.int64)
+    z, xq, nz, u, pd32, pd, probe = _choice_buffers(h, D, L)
     top = np.empty(nprobe + 1, dtype=np.float32)
     ids = np.empty(nprobe + 1, dtype=np.int64)
     u32 = 2.0 ** -24
