@@ -141,3 +141,33 @@ def test_batch_probe_chooses_the_lists_of_one_query(wide, km, partition):
         np.testing.assert_allclose(nq, ((Q - lists.mean) ** 2).sum(axis=1), rtol=1e-12)
         np.testing.assert_allclose(zh, (Q - lists.mean) @ lists.basis[:, :lists.head_dims].astype(np.float64),
                                    rtol=1e-9, atol=1e-9)
+
+
+def test_batch_choose_is_the_lists_of_one_query(wide):
+    """The pre-filtered path's lists chosen from BLAS products (own lists, float32 coordinates) against the
+    kernels' own list distances and the numpy mirror of the rule: exact ties (duplicated centroids) and near ties
+    (centroids 1e-6 apart) go through the single-query code; widened lists and all lists included."""
+    from qkm.approximate._index import InvertedLists, coordinates, fit_basis, probe_lists
+
+    X, Xq = wide
+    rng = np.random.RandomState(0)
+    mean, basis = fit_basis(X, 96, rng)
+    h = min(64, basis.shape[1])
+    head = coordinates(X, mean, basis, 0, h).astype(np.float32)
+    centers = head[rng.choice(X.shape[0], 12, replace=False)]
+    centers = np.vstack([centers, centers[:3], centers[3:5] + np.float32(1e-6)])
+    n_lists = centers.shape[0]
+    lists = InvertedLists(X, rng.randint(0, n_lists, X.shape[0]), n_lists, mean, basis, centers)
+    assert lists._plain_codec()
+    Q = np.ascontiguousarray(np.vstack([Xq, X[:20]]), dtype=np.float64)
+    pd = lists.list_distances(Q)
+    for nprobe, k in [(1, 1), (2, 1), (3, 4), (6, 10), (1, int(lists.sizes.max()) + 5), (n_lists, 1)]:
+        Z, nq, chosen, n_chosen = lists.batch_choose(Q, k, nprobe)
+        ref = probe_lists(pd, lists.sizes, nprobe, k)
+        for i in range(Q.shape[0]):
+            assert sorted(chosen[i, :n_chosen[i]].tolist()) == sorted(ref[i][ref[i] >= 0].tolist())
+        np.testing.assert_allclose(nq, lists.batch_probe(Q, k, nprobe)[1], rtol=1e-12)
+        np.testing.assert_allclose(Z, coordinates(Q, lists.mean, lists.basis), rtol=1e-9, atol=1e-9)
+    got = [lists.search(Q, 3, 2, path=path) for path in ("per-query", "prefiltered")]  # the answers of both paths
+    np.testing.assert_array_equal(got[0][0], got[1][0])
+    np.testing.assert_array_equal(got[0][1], got[1][1])

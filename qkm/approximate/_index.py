@@ -9,7 +9,6 @@ protocol). :func:`calibrate_nprobe` picks ``nprobe`` for a target recall on
 held-out rows.
 """
 
-import math
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -24,6 +23,8 @@ from .._threads import numba_threads, one_blas_thread
 from .._validation import check_data
 from ._index_build import (BLOCK_DIMS, HEAD_DIMS, TAIL_BLOCKS, centred_sq_norms, coordinate_codec,  # noqa: F401
                            coordinates, fit_basis, fit_quantizer)
+from ._index_probe import (CALIBRATION_Z, calibrate_nprobe, cluster_sq_distances, nearest_clusters,  # noqa: F401
+                           probe_lists)
 
 __all__ = ["InvertedLists", "fit_basis", "fit_quantizer", "calibrate_nprobe", "nearest_clusters", "probe_lists"]
 
@@ -42,54 +43,12 @@ BATCH_CHUNK = 64
 BATCH_MIN_QUERIES_PER_LIST = 8
 GROUPED_MIN_K = 8
 GROUPED_MAX_NPROBE = 16
-#: One-sided confidence of the recall bound used by ``nprobe="auto"`` (Wilson score, z = 1.2816: 90 %).
-CALIBRATION_Z = 1.2816
 
 _EMPTY_F64 = np.zeros(0, dtype=np.float64)
 _EMPTY_I32 = np.zeros(0, dtype=np.int32)
 _ZERO_PTR = np.zeros(2, dtype=np.int64)
 _NO_GIVEN = np.zeros((1, 1), dtype=np.float64)
 _NO_TAIL = np.zeros((0, 0), dtype=np.float64)
-
-
-def nearest_clusters(operator, X):
-    """Nearest centroid of every row (lowest index on ties), int64, from ``operator.sq_distances``."""
-    n = X.shape[0]
-    labels = np.empty(n, dtype=np.int64)
-    step = _config.DENSE_BLOCK_ROWS
-    for start in range(0, n, step):
-        labels[start:start + step] = np.argmin(operator.sq_distances(X[start:start + step]), axis=1)
-    return labels
-
-
-def cluster_sq_distances(operator, X):
-    """Squared distances of every row of ``X`` to every centroid, (n, K) float64, in row blocks."""
-    out = np.empty((X.shape[0], operator.n_clusters), dtype=np.float64)
-    step = _config.DENSE_BLOCK_ROWS
-    for start in range(0, X.shape[0], step):
-        out[start:start + step] = operator.sq_distances(X[start:start + step])
-    return out
-
-
-def probe_lists(sq, sizes, nprobe, k):
-    """Lists probed for every query (numpy mirror of the kernels' rule, for diagnostics).
-
-    The ``nprobe`` nearest non-empty lists by ``sq`` (ties: lowest index),
-    widened with the next nearest until they hold ``k`` rows; (n, p_max)
-    int64, nearest first, padded with -1.
-    """
-    n, K = sq.shape
-    out = []
-    for i in range(n):
-        order = [c for c in np.lexsort((np.arange(K), sq[i])) if sizes[c] > 0]
-        total = np.cumsum(sizes[order])
-        p = max(min(nprobe, len(order)), int(np.searchsorted(total, k)) + 1)
-        out.append(order[:p])
-    p_max = max(len(o) for o in out)
-    probe = np.full((n, p_max), -1, dtype=np.int64)
-    for i, o in enumerate(out):
-        probe[i, :len(o)] = o
-    return probe
 
 
 def _run_grouped(scan, finish, grp_ptr, n_q, n_threads):
@@ -370,6 +329,64 @@ class InvertedLists:
         _run_grouped(None, probe, np.zeros(2, dtype=np.int64), n_q, n_threads)
         return zh, nq, chosen, n_chosen
 
+    def _plain_codec(self):
+        """Whether the coordinates and centroids are stored as float32 values (the index's own lists)."""
+        codec = self.ix[3]
+        return self.own and self.store == "float32" and bool(np.all(codec[:, 0] == 0) and np.all(codec[:, 1] == 1))
+
+    def _center_block(self):
+        """``[centers_t; float32(||c||^2)]`` (h + 1, n_lists) float32, the non-empty lists, the largest ``||c||`` and
+        ``||mean||``, computed once (:func:`qkm.approximate._search_prefilter.choose_lists`)."""
+        if getattr(self, "_cblock", None) is None:
+            C = self.ix[4]
+            cn = np.einsum("ij,ij->j", C, C, dtype=np.float64)
+            self._cblock = (np.ascontiguousarray(np.vstack([C, cn[None, :].astype(np.float32)])),
+                            np.flatnonzero(self.sizes > 0).astype(np.int64),
+                            float(np.sqrt(cn.max())) * 1.0001 if cn.shape[0] else 0.0,
+                            float(np.sqrt(self.mean @ self.mean)) * 1.0001)
+        return self._cblock
+
+    def batch_choose(self, Q, k, nprobe, n_threads=1):
+        """The lists probed by dense float64 queries ``Q`` (own lists, float32 coordinates), from BLAS products.
+
+        The same lists as the single-query path chooses
+        (:func:`qkm.approximate._search_prefilter.choose_lists`: decided from
+        one matrix product with the centroids when a rounding bound settles
+        them, else by the single-query path's own code). Returns ``(Z, nq,
+        chosen, n_chosen)``: the queries' coordinates (n_q, m) float64,
+        ``||q - mean||^2``, and the lists as :meth:`batch_probe` gives them
+        (as a set).
+        """
+        n_q = Q.shape[0]
+        h = self.head_dims
+        B = np.asarray(self.basis, dtype=np.float64)
+        Z = np.empty((n_q, self.n_coords))
+        nq = np.empty(n_q)
+        step = _config.DENSE_BLOCK_ROWS
+        with np.errstate(invalid="ignore", over="ignore"):  # a query that is not finite: no lists (see the kernel)
+            for s in range(0, n_q, step):
+                A = Q[s:s + step] - self.mean
+                Z[s:s + step] = A @ B
+                nq[s:s + step] = np.einsum("ij,ij->i", A, A)
+            V = np.empty((n_q, h + 1), dtype=np.float32)
+            V[:, :h] = Z[:, :h]
+            V[:, :h] *= -2.0
+            V[:, h] = 1.0
+            cblock, listed, cmax, mnorm = self._center_block()
+            dots = V @ cblock
+            if listed.shape[0] < self.n_lists:
+                dots[:, self.sizes == 0] = np.inf
+            V = np.ascontiguousarray(Z[:, :h], dtype=np.float32)
+        chosen = np.empty((n_q, self._most_probed(nprobe, k)), dtype=np.int64)
+        n_chosen = np.empty(n_q, dtype=np.int64)
+        ix = self.ix
+
+        def probe(i0, i1):
+            SF.choose_lists(i0, i1, Q, ix, Z, V, nq, dots, listed.shape[0], cmax, mnorm, int(nprobe), int(k), chosen, n_chosen)
+
+        _run_grouped(None, probe, np.zeros(2, dtype=np.int64), n_q, n_threads)
+        return Z, nq, chosen, n_chosen
+
     def search_prefiltered(self, X, k, nprobe, given=None, n_threads=1):
         """``search`` by the pre-filtered batch path (dense rows, float32 coordinates).
 
@@ -387,15 +404,22 @@ class InvertedLists:
             return out_d, out_i
         Q = self._queries(X)[0]
         h = self.head_dims
-        zh, nq, chosen, n_chosen = self.batch_probe(Q, k, nprobe, given, n_threads)
+        if given is None and self._plain_codec():  # every coordinate from BLAS, the lists chosen from BLAS products
+            Z, nq, chosen, n_chosen = self.batch_choose(Q, k, nprobe, n_threads)
+            with np.errstate(invalid="ignore", over="ignore"):
+                U = Z.astype(np.float32)
+                rq = np.sqrt(np.maximum(nq - np.einsum("ij,ij->i", Z, Z), 0.0))
+        else:
+            zh, nq, chosen, n_chosen = self.batch_probe(Q, k, nprobe, given, n_threads)
+            with np.errstate(invalid="ignore", over="ignore"):
+                Zt = coordinates(Q, self.mean, self.basis, h)
+                U = np.empty((n_q, self.n_coords), dtype=np.float32)
+                U[:, :h], U[:, h:] = zh, Zt
+                rq = np.sqrt(np.maximum(nq - np.einsum("ij,ij->i", zh, zh) - np.einsum("ij,ij->i", Zt, Zt), 0.0))
         base, grp_ptr, grp_q, grp_slot = SB.group(chosen, n_chosen, self.sizes)
         ix = self.ix
         with np.errstate(invalid="ignore", over="ignore"):
-            Zt = coordinates(Q, self.mean, self.basis, h)
-            U = np.empty((n_q, self.n_coords), dtype=np.float32)
-            U[:, :h], U[:, h:] = zh, Zt
             un = np.einsum("ij,ij->i", U, U, dtype=np.float64)
-            rq = np.sqrt(np.maximum(nq - np.einsum("ij,ij->i", zh, zh) - np.einsum("ij,ij->i", Zt, Zt), 0.0))
         zn, znmax = self._coordinate_norms()
         resid = self.ix[9]
         ry = np.ascontiguousarray(resid[:, resid.shape[1] - 1])
@@ -429,37 +453,3 @@ class InvertedLists:
         with numba_threads(n_threads):
             SP.probe_distances(Q, qdata, qind, qptr, self.sparse, self.ix, out)
         return out
-
-
-def calibrate_nprobe(lists, X_held, held_ids, given, target, n_threads):
-    """Smallest ``nprobe`` whose recall@1 on held-out indexed rows reaches ``target`` with 90 % confidence.
-
-    The truth for a held-out row is its nearest indexed row other than
-    itself (exact: every list searched). Its recall at ``nprobe = p`` is
-    whether that row's list is among the row's ``p`` first probed lists.
-
-    Returns
-    -------
-    nprobe : int
-    report : dict
-        ``held_out`` rows, ``recall`` measured at the chosen ``nprobe`` and
-        its ``recall_lower_bound``.
-    """
-    n_held = X_held.shape[0]
-    L = lists.n_lists
-    _, ids = lists.search(X_held, 2, L, given, n_threads)
-    nn = np.where(ids[:, 0] == held_ids, ids[:, 1], ids[:, 0])
-    list_of = np.empty(lists.row_ids.shape[0], dtype=np.int64)
-    list_of[lists.row_ids] = np.repeat(np.arange(L), lists.sizes)
-    pd = lists.list_distances(X_held, n_threads) if given is None else given
-    ranks = np.empty(n_held, dtype=np.int64)
-    SP.list_ranks(np.ascontiguousarray(pd), lists.sizes, list_of[nn], ranks)
-    hits = np.cumsum(np.bincount(ranks, minlength=L))  # hits[p - 1]: held-out rows found with nprobe = p
-    z2 = CALIBRATION_Z ** 2
-    for p in range(1, L + 1):
-        rate = hits[p - 1] / n_held
-        bound = (rate + z2 / (2 * n_held) - CALIBRATION_Z * math.sqrt(rate * (1 - rate) / n_held
-                                                                        + z2 / (4 * n_held ** 2))) / (1 + z2 / n_held)
-        if bound >= target or p == int((lists.sizes > 0).sum()):
-            break
-    return p, {"held_out": int(n_held), "recall": float(rate), "recall_lower_bound": float(bound)}

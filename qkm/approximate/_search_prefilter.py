@@ -3,9 +3,13 @@
 The per-query path (:mod:`qkm.approximate._search_kernels`) bounds the rows
 of a query's lists on their head coordinates, one query after the other, and
 refines the survivors one by one (random reads of their deeper coordinates).
-Here every query's lists are chosen by the single-query path's own code
-(:func:`qkm.approximate._search_probe.probe_batch`, which also gives the
-head coordinates and norms), the queries are grouped by list
+Here every query's lists are the single-query path's choice: for the
+index's own lists with float32 coordinates decided from two matrix products
+(all the queries' coordinates, then their products with the centroids) where a
+rounding bound settles them (:func:`choose_lists`; near ties take the
+single-query code), else chosen by that code itself
+(:func:`qkm.approximate._search_probe.probe_batch`, which also gives the head
+coordinates and norms). The queries are grouped by list
 (:func:`qkm.approximate._search_batch.group`), and every list is read once
 for all the queries that probe it: one matrix product (BLAS) of the group's
 coordinates with the list's stored coordinates, all ``m`` of them in one
@@ -30,9 +34,14 @@ from numba import njit
 
 from ..factorization._kernels import _JIT
 from ._search_kernels import LANES, MARGIN, _exact_dense, _insert, _k_smallest, _prefetch
+from ._search_probe import _center_distances, _choice_buffers, _codes, _project, _select_lists
 
 #: Candidates looked ahead when prefetching rows for their exact distance.
 ROW_PREFETCH_AHEAD = 1
+
+#: :func:`choose_lists` decides from the BLAS products up to this ``nprobe`` (its selection costs ``nprobe`` per
+#: list at worst); beyond, every query takes the single-query path's choice.
+CHOOSE_MAX_NPROBE = 64
 
 
 @njit(**_JIT)
@@ -134,3 +143,93 @@ def finish(i0, i1, Q, nq, err, nmax, base, bounds, pos, cand, rows, row_ids, out
                     _insert(d, row_ids[p_of[s]], od, oi)
         for t in range(k):
             od[t] = np.sqrt(od[t])
+
+
+@njit(**_JIT)
+def _gamma(n, unit):  # the rounding of n operations in a precision of unit roundoff ``unit`` (Higham's gamma_n)
+    return n * unit / (1.0 - n * unit)
+
+
+@njit(**_JIT)
+def choose_lists(i0, i1, Q, ix, Z, V, nq, dots, n_listed, cmax, mnorm, nprobe, k, chosen, n_chosen):
+    """Lists probed by the dense queries ``i0 <= i < i1`` of a batch (own lists, float32 coordinates), from BLAS.
+
+    The single-query path ranks the lists by ``P_c``: the float32 sum of
+    ``(u_j - c_j)^2`` over the head, ``u = float32(z)``, ``z`` its IEEE-exact
+    projection (:func:`qkm.approximate._search_probe._project`). Here a batch
+    has its coordinates ``Z`` (n_q, >= h) and ``nq = ||q - mean||^2`` from
+    float64 matrix products, ``V = float32(Z[:, :h])``, and ``dots = [-2 V, 1]
+    @ [centers_t; float32(||c||^2)]`` from one float32 product, so that
+    ``a_c = ||v||^2 + dots[c]`` satisfies ``|a_c - P_c| <= E`` (``E`` below:
+    the float64 error of ``Z``, the float32 roundings of ``u``, ``v``, the
+    product and of ``P_c``; ``dots`` is infinite for an empty list). When the
+    ``nprobe + 1``-th smallest ``dots[c]`` exceeds the ``nprobe``-th by more
+    than ``2E`` (and the ``nprobe`` smallest hold ``k`` rows), each of the
+    ``nprobe`` lists has a smaller ``P`` than any other list: they are the
+    single-query path's choice (``n_listed``: the non-empty lists; there must
+    be more than ``nprobe``). Otherwise (near or exact ties,
+    widening, ``nprobe > CHOOSE_MAX_NPROBE``) the query takes the single-query
+    path's own code. OUT ``chosen[i, :n_chosen[i]]``: the lists (as a set: by
+    ``dots`` when decided here), none for a query that is not finite.
+    """
+    mean, basis, shift, codec, centers_t, sizes = ix[:6]
+    h, L = centers_t.shape
+    D = basis.shape[0]
+    z, xq, nz, u, pd32, pd, probe = _choice_buffers(h, D, L)
+    top = np.empty(nprobe + 1, dtype=np.float32)
+    ids = np.empty(nprobe + 1, dtype=np.int64)
+    u32 = 2.0 ** -24
+    g_dot = _gamma(h + 1, u32)
+    g_sum = _gamma(h + 2, u32)
+    g_proj = _gamma(D + 2, 2.0 ** -53)
+    n_ne = n_listed
+    for i in range(i0, i1):
+        if not np.isfinite(nq[i]):
+            n_chosen[i] = 0
+            continue
+        vi = V[i]
+        zi = Z[i]
+        nv = 0.0
+        nzb = 0.0
+        for j in range(h):
+            vj = np.float64(vi[j])
+            nv += vj * vj
+            nzb += zi[j] * zi[j]
+        vn = np.sqrt(nv)
+        qn = np.sqrt(nq[i])
+        # |Z - z| per coordinate: two float64 dot products of D terms (columns of norm <= 1.001), ||q|| <= qn + mnorm
+        delta = 4.0 * g_proj * (2.0 * qn + 3.0 * mnorm) * 1.01
+        eta = 2.0 * u32 * np.sqrt(nzb) * 1.01 + 1.01 * np.sqrt(h) * delta  # >= ||v - u||
+        err = 1.01 * ((g_dot * (1.0 + u32) + u32) * (2.0 * vn * cmax + cmax * cmax)
+                      + eta * (2.0 * (vn + cmax) + eta) + g_sum * (vn + eta + cmax) ** 2)
+        decided = False
+        if nprobe < n_ne and nprobe <= CHOOSE_MAX_NPROBE and nv + cmax * cmax < 1e30:  # no float32 overflow
+            drow = dots[i]
+            for t in range(nprobe + 1):
+                top[t] = np.inf
+            last = np.float32(np.inf)
+            for c in range(L):  # the nprobe + 1 smallest (an empty list is infinite)
+                a = drow[c]
+                if a < last:
+                    r = nprobe
+                    while r > 0 and a < top[r - 1]:
+                        top[r] = top[r - 1]
+                        ids[r] = ids[r - 1]
+                        r -= 1
+                    top[r] = a
+                    ids[r] = c
+                    last = top[nprobe]
+            if np.float64(top[nprobe]) > np.float64(top[nprobe - 1]) + 2.0 * err:  # a gap: the nprobe are settled
+                total = 0
+                for t in range(nprobe):
+                    chosen[i, t] = ids[t]
+                    total += sizes[ids[t]]
+                n_chosen[i] = nprobe
+                decided = total >= k
+        if not decided:  # near ties, widening or many lists: the single-query path's own choice
+            _project(Q[i], mean, basis, shift, h, z, xq, nz)
+            _codes(z, codec, h, u)
+            _center_distances(u, codec, centers_t, pd32, pd)
+            p = _select_lists(pd, sizes, nprobe, k, probe)
+            n_chosen[i] = p
+            chosen[i, :p] = probe[:p]

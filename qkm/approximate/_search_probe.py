@@ -200,6 +200,13 @@ def probe_distances(Q, qdata, qind, qptr, sparse, ix, out):  # OUT out (n_q, L) 
 
 
 @njit(**_JIT)
+def _choice_buffers(h, D, L):
+    """Buffers of one query's list choice: ``(z, xq, nz, u, pd32, pd, probe)``."""
+    return (np.empty(h), np.empty(D), np.empty(D, dtype=np.int64), np.empty(h, dtype=np.float32),
+            np.empty(L, dtype=np.float32), np.empty(L), np.empty(L, dtype=np.int64))
+
+
+@njit(**_JIT)
 def probe_batch(i0, i1, Q, ix, given, own, nprobe, k, zh, nq, chosen, n_chosen):
     """Lists probed by the dense queries ``i0 <= i < i1`` of a batch, chosen as :func:`_select_lists` does for one.
 
@@ -213,13 +220,7 @@ def probe_batch(i0, i1, Q, ix, given, own, nprobe, k, zh, nq, chosen, n_chosen):
     h = zh.shape[1]
     L = sizes.shape[0]
     D = basis.shape[0]
-    z = np.empty(h)
-    xq = np.empty(D)
-    nz = np.empty(D, dtype=np.int64)
-    u = np.empty(h, dtype=np.float32)
-    pd32 = np.empty(L, dtype=np.float32)
-    pd = np.empty(L)
-    probe = np.empty(L, dtype=np.int64)
+    z, xq, nz, u, pd32, pd, probe = _choice_buffers(h, D, L)
     for i in range(i0, i1):
         nq[i] = _project(Q[i], mean, basis, shift, h, z, xq, nz)
         zh[i] = z
