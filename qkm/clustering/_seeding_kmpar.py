@@ -32,7 +32,7 @@ from .._data import KMeansData
 from ._init import _rows, distinct_row_indices, kmeans_plusplus
 
 __all__ = ["KMPAR_LLOYD_ITER", "KMPAR_EXTRA_ROUNDS", "kmeans_parallel", "KMParChunk", "chunk_lower", "chunk_sample",
-           "chunk_rows", "chunk_counts", "recluster"]
+           "chunk_rows", "chunk_counts", "recluster", "block_dots"]
 
 #: Weighted Lloyd iterations on the k-means|| candidates.
 KMPAR_LLOYD_ITER = 5
@@ -59,23 +59,62 @@ class KMParChunk:
         self.row_offset = int(row_offset)
         self.closest = np.full(data.n_samples, np.inf)
         self.nearest = np.zeros(data.n_samples, dtype=np.int64)
+        self._csc = {}
+
+    def csc_rows(self, start, stop):
+        """The CSR chunk's rows ``start:stop`` in CSC (sorted; kept for the next rounds)."""
+        if (start, stop) not in self._csc:
+            self._csc[start, stop] = _csc(self.data.X[start:stop])
+        return self._csc[start, stop]
+
+
+def _csc(X):
+    csc = X.tocsc()
+    csc.sort_indices()
+    return csc
 
 
 def chunk_lower(chunk, block):
-    """Lower the chunk's distances with a block of new centres; returns the chunk's cost (float)."""
+    """Lower the chunk's distances with a block of new centres; returns the chunk's cost (float).
+
+    The dots come in row blocks: BLAS for dense rows; for CSR rows
+    :func:`block_dots` (transposed), then one pass lowers the state.
+    """
     data = chunk.data
     X = data.X
+    m = data.n_samples
     if data.sparse:
-        S_.lower_to_block_sparse(X.data, X.indices, X.indptr, data.x_sq, block.code, block.ct_dense,
-                                 block.ct_ptr, block.ct_idx, block.ct_val, block.c_sq, data.err_rel,
-                                 block.first_id, chunk.closest, chunk.nearest)
+        step = max(_config.CHUNK_SIZE, min(_config.DENSE_BLOCK_ROWS, _config.SEEDING_DOTS_BLOCK // max(block.n, 1)))
+        for start in range(0, m, step):
+            GT = block_dots(X, start, min(m, start + step), block, chunk.csc_rows(start, min(m, start + step)))
+            S_.lower_to_block_t(GT, start, data.x_sq, block.c_sq, data.err_rel, block.first_id,
+                                chunk.closest, chunk.nearest)
     else:
         CT = np.asarray(block.C, dtype=data.dtype).T
         step = _config.DENSE_BLOCK_ROWS
-        for start in range(0, data.n_samples, step):
+        for start in range(0, m, step):
             S_.lower_to_block_dense(X[start:start + step] @ CT, start, data.x_sq, block.c_sq, data.err_rel,
                                     block.first_id, chunk.closest, chunk.nearest)
     return float(chunk.closest.sum())
+
+
+def block_dots(X, start, stop, block, csc=None):
+    """``C . X[start:stop]^T`` (float64, ``(B, stop - start)``) for CSR rows X and a CSR block (hybrid product).
+
+    The block's frequent terms (``block.dense_terms``: a term costs its
+    document frequency in X times that in C, so most of the work sits on a
+    few terms) go through BLAS, ``block.c_dense`` times a dense slab of the
+    rows on those terms; the rare ones are then added term by term from the
+    rows' CSC copy (:func:`qkm.clustering._seeding_kernels.add_rare_dots`).
+    Each row's dots depend on that row only, not on ``start``/``stop``.
+    ``csc``: ``X[start:stop]`` in CSC with sorted indices, if at hand.
+    """
+    slab_t = np.zeros((block.dense_terms.shape[0], stop - start))
+    S_.gather_slab_t(X.data, X.indices, X.indptr, start, block.code, slab_t)
+    GT = block.c_dense @ slab_t if slab_t.shape[0] else np.zeros((block.n, stop - start))
+    csc = _csc(X[start:stop]) if csc is None else csc
+    S_.add_rare_dots(csc.data, csc.indices, csc.indptr, block.r_ptr, block.r_idx, block.r_val, GT)
+    return GT
 
 
 def chunk_sample(chunk, key, scale):
@@ -153,13 +192,38 @@ def recluster(candidates, weights, n_clusters, rng, n_local_trials=None, lloyd_i
     Candidates of zero weight are never drawn. If fewer than ``n_clusters``
     candidates carry weight (only when the rounds ran out), the missing
     centres come from greedy k-means++ on all candidates.
+
+    CSR candidates whose Gram matrix takes at most
+    ``_config.SEEDING_GRAM_MAX_BYTES`` get it once (:func:`block_dots`):
+    k-means++ reads its rows, and Lloyd keeps every centre as a weighted sum
+    of candidates (a sparse ``(K, m)`` matrix W), so a Lloyd pass is
+    ``W . Gram`` (a sparse times dense product) and
+    the centres ``W . candidates`` are formed once at the end. The same
+    arithmetic as explicit centres up to float rounding.
     """
     dtype = candidates.dtype
     if np.count_nonzero(weights) < n_clusters:
         weights = weights + (weights == 0)
     cdata = KMeansData(candidates if sp.issparse(candidates) else np.ascontiguousarray(candidates))
-    idx, _ = kmeans_plusplus(cdata, n_clusters, rng, n_local_trials, sample_weight=weights, rows_only=True)
-    C = candidates[idx]
+    m = cdata.n_samples
+    gram = None
+    if cdata.sparse and 8 * m * m <= _config.SEEDING_GRAM_MAX_BYTES:
+        gram = block_dots(cdata.X, 0, m, S_.CenterBlock(cdata.X, 0))
+    idx, _ = kmeans_plusplus(cdata, n_clusters, rng, n_local_trials, sample_weight=weights, rows_only=True,
+                             dots=None if gram is None else gram.__getitem__)
+    if gram is not None:
+        C = _lloyd_on_gram(cdata, gram, weights, idx, n_clusters, lloyd_iter).astype(dtype)
+        C.eliminate_zeros()
+    else:
+        C = _lloyd(candidates, cdata, weights, candidates[idx], lloyd_iter)
+    if len(distinct_row_indices(C)) < n_clusters:
+        C = candidates[idx]  # Lloyd merged two centres: keep the distinct seeds
+    return _rows(C, np.arange(n_clusters), sparse_centers)
+
+
+def _lloyd(candidates, cdata, weights, C, lloyd_iter):
+    """Weighted Lloyd on the candidates from centres C (explicit centres, data dtype)."""
+    dtype = candidates.dtype
     labels = None
     for _ in range(lloyd_iter):
         state = KMParChunk(cdata)
@@ -167,14 +231,38 @@ def recluster(candidates, weights, n_clusters, rng, n_local_trials=None, lloyd_i
         if labels is not None and np.array_equal(state.nearest, labels):
             break
         labels = state.nearest
-        sums, totals = _weighted_sums(candidates, weights, labels, n_clusters)
-        inv = np.where(totals > 0, 1.0 / np.where(totals > 0, totals, 1.0), 0.0)
-        empty = (totals == 0).astype(np.float64)  # empty clusters keep their centre
+        sums, totals = _weighted_sums(candidates, weights, labels, C.shape[0])
+        inv, empty = _mean_scales(totals)
         if sp.issparse(sums):
             C = (sp.diags(inv) @ sums + sp.diags(empty) @ C).tocsr().astype(dtype)
             C.eliminate_zeros()
         else:
             C = np.ascontiguousarray(sums * inv[:, None] + C * empty[:, None], dtype=dtype)
-    if len(distinct_row_indices(C)) < n_clusters:
-        C = candidates[idx]  # Lloyd merged two centres: keep the distinct seeds
-    return _rows(C, np.arange(n_clusters), sparse_centers)
+    return C
+
+
+def _mean_scales(totals):
+    """1 / total weight of each group (0 for empty groups), and 1.0 for the empty groups (they keep their centre)."""
+    inv = np.where(totals > 0, 1.0 / np.where(totals > 0, totals, 1.0), 0.0)
+    return inv, (totals == 0).astype(np.float64)
+
+
+def _lloyd_on_gram(cdata, gram, weights, idx, n_clusters, lloyd_iter):
+    """Weighted Lloyd on the candidates through their Gram matrix (see :func:`recluster`); CSR float64 centres."""
+    m = cdata.n_samples
+    W = sp.csr_matrix((np.ones(n_clusters), (np.arange(n_clusters), idx)), shape=(n_clusters, m))
+    labels = None
+    for _ in range(lloyd_iter):
+        DT = np.ascontiguousarray(W @ gram)  # (K, m): centre j . candidate i
+        c_sq = np.asarray(W.multiply(DT).sum(axis=1)).ravel()
+        state = KMParChunk(cdata)
+        S_.lower_to_block_t(DT, 0, cdata.x_sq, c_sq, cdata.err_rel, 0, state.closest, state.nearest)
+        if labels is not None and np.array_equal(state.nearest, labels):
+            break
+        labels = state.nearest
+        M = sp.csr_matrix((weights, (labels, np.arange(m))), shape=(n_clusters, m))
+        inv, empty = _mean_scales(np.bincount(labels, weights=weights, minlength=n_clusters))
+        W = (sp.diags(inv) @ M + sp.diags(empty) @ W).tocsr()
+        W.eliminate_zeros()
+        W.sort_indices()
+    return (W @ cdata.X).tocsr()
