@@ -117,8 +117,8 @@ def lower_to_center_sparse(
 # Distances to a block of sparse centres (k-means|| rounds, weighted Lloyd)
 # --------------------------------------------------------------------------- #
 # The dots of a row block with a block of B sparse centres are formed transposed,
-# GT of shape (B, r): the frequent terms by BLAS (``c_dense`` times the rows' slab
-# on those terms), the rare ones term-major (each centre's rare terms scatter a
+# GT of shape (B, r): the frequent terms as ``c_dense`` times the rows' dense slab
+# on those terms (axpys over the rows), the rare ones term-major (each centre's rare terms scatter a
 # column of the rows' CSC copy into the centre's row of GT, a contiguous stream).
 @njit(parallel=True, **_JIT)
 def gather_slab_t(
@@ -135,6 +135,31 @@ def gather_slab_t(
                 s = code[indices[p]]
                 if s >= 0:
                     slab_t[s, t] = data[p]
+
+
+@njit(parallel=True, **_JIT)
+def add_dense_dots(
+    c_dense,                        # IN  (B, F) float64 the centres on the frequent terms
+    slab_t,                         # IN  (F, r) float64 the rows on the frequent terms
+    GT,                             # IN/OUT (B, r) float64 zeros: GT[j, t] = sum_s c_dense[j, s] slab_t[s, t]
+):
+    """The frequent terms' dots, one contiguous axpy over the rows per nonzero of a centre.
+
+    Not BLAS: a BLAS product rounds an entry differently depending on where
+    it falls in the call's tiles, while here every entry is summed in term
+    order, so a row's dots do not depend on the rows beside it (chunked ==
+    whole k-means||) nor on the thread count.
+    """
+    B, F = c_dense.shape
+    r = GT.shape[1]
+    for j in prange(B):
+        g = GT[j]
+        for s in range(F):
+            v = c_dense[j, s]
+            if v != 0.0:
+                row = slab_t[s]
+                for t in range(r):
+                    g[t] += v * row[t]
 
 
 @njit(parallel=True, **_JIT)
@@ -346,7 +371,7 @@ class CenterBlock:
     CSR centres: the terms that occur in more than
     ``_config.SEEDING_DENSE_TERM_FRACTION`` of the block's centres
     (``dense_terms``, F of them) as a dense ``(B, F)`` matrix ``c_dense``
-    (their dots go through BLAS), ``code[t]`` = column of term t in it (-1:
+    (:func:`add_dense_dots`), ``code[t]`` = column of term t in it (-1:
     not a frequent term); the other terms of every centre as CSR ``(B, D)``
     arrays ``r_ptr, r_idx, r_val`` (sorted terms; :func:`add_rare_dots`).
     """

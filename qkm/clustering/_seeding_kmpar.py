@@ -103,15 +103,17 @@ def block_dots(X, start, stop, block, csc=None):
 
     The block's frequent terms (``block.dense_terms``: a term costs its
     document frequency in X times that in C, so most of the work sits on a
-    few terms) go through BLAS, ``block.c_dense`` times a dense slab of the
-    rows on those terms; the rare ones are then added term by term from the
+    few terms) as ``block.c_dense`` times a dense slab of the rows on those
+    terms (contiguous axpys, :func:`qkm.clustering._seeding_kernels.add_dense_dots`);
+    the rare ones are then added term by term from the
     rows' CSC copy (:func:`qkm.clustering._seeding_kernels.add_rare_dots`).
     Each row's dots depend on that row only, not on ``start``/``stop``.
     ``csc``: ``X[start:stop]`` in CSC with sorted indices, if at hand.
     """
     slab_t = np.zeros((block.dense_terms.shape[0], stop - start))
     S_.gather_slab_t(X.data, X.indices, X.indptr, start, block.code, slab_t)
-    GT = block.c_dense @ slab_t if slab_t.shape[0] else np.zeros((block.n, stop - start))
+    GT = np.zeros((block.n, stop - start))
+    S_.add_dense_dots(block.c_dense, slab_t, GT)
     csc = _csc(X[start:stop]) if csc is None else csc
     S_.add_rare_dots(csc.data, csc.indices, csc.indptr, block.r_ptr, block.r_idx, block.r_val, GT)
     return GT
