@@ -38,9 +38,9 @@ SPARSE_CENTROID_COST_FACTOR = 4.0
 ELKAN_FULL_PASS_FRACTION = 0.25
 
 #: Seedings (k-means|| rounds, weighted Lloyd on the candidates): a term is
-#: kept as a dense row of a block's C^T (its dots go through BLAS: a dense slab
-#: of the rows on those terms times that matrix) when it occurs in more than
-#: this fraction of the block's sparse centres; rarer terms are scattered from CSR.
+#: kept as a dense column of the block (its dots: contiguous axpys over a dense
+#: slab of the rows on those terms) when it occurs in more than this fraction of
+#: the block's sparse centres; rarer terms are added term-major from the rows' CSC copy.
 SEEDING_DENSE_TERM_FRACTION = 0.1
 
 #: Seedings: dots of CSR rows with a block of B sparse centres are formed for at

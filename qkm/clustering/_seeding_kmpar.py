@@ -21,6 +21,18 @@ build the next block, sum the counts, and recluster the weighted candidates
 argument, which a distributed backend replaces. A row is kept according to a
 counter-based draw keyed by (round, global row id), so the sample does not
 depend on the chunking; the total cost does, in its last bits (sum order).
+
+The arithmetic (CSR data)
+-------------------------
+A round costs the dots of every row with the round's ~ell new candidates,
+``sum_t df_X(t) df_C(t)`` multiply-adds over the terms t (``df``: rows with
+term t), most of it on a few frequent terms. :func:`block_dots` forms them
+transposed, ``(B, rows)``: the block's frequent terms as dense axpys over the
+rows (a dense slab of the rows on those terms), the rare ones term-major
+from the chunk's CSC copy (kept across rounds), each summed in a fixed term
+order, so a row's dots depend on neither its neighbours nor the thread count.
+:func:`recluster` computes the candidates' Gram matrix once with the same
+product and runs both its weighted k-means++ and its weighted Lloyd on it.
 """
 
 import numpy as np
