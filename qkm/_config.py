@@ -38,10 +38,19 @@ SPARSE_CENTROID_COST_FACTOR = 4.0
 ELKAN_FULL_PASS_FRACTION = 0.25
 
 #: Seedings (k-means|| rounds, weighted Lloyd on the candidates): a term is
-#: kept as a dense row of a block's C^T (one axpy over the block) when it occurs
-#: in more than this fraction of the block's sparse centres; rarer terms are
-#: scattered from CSR.
+#: kept as a dense column of the block (its dots: contiguous axpys over a dense
+#: slab of the rows on those terms) when it occurs in more than this fraction of
+#: the block's sparse centres; rarer terms are added term-major from the rows' CSC copy.
 SEEDING_DENSE_TERM_FRACTION = 0.1
+
+#: Seedings: dots of CSR rows with a block of B sparse centres are formed for at
+#: most this many (row, centre) pairs at a time (rows per pass: this // B).
+SEEDING_DOTS_BLOCK = 1 << 22
+
+#: k-means|| recluster: the weighted k-means++ on the m candidates reads their
+#: Gram matrix (one hybrid product) while it takes at most this many bytes
+#: (8 m^2); beyond, each step's dots go through the candidates' CSC copy.
+SEEDING_GRAM_MAX_BYTES = 1 << 29
 
 #: A factor-chain operator folds its dense ``V`` (float64) at construction when
 #: it takes at most this many bytes; a larger ``V`` is folded only when an
@@ -59,6 +68,8 @@ _DEFAULTS = dict(
     SPARSE_CENTROID_COST_FACTOR=SPARSE_CENTROID_COST_FACTOR,
     ELKAN_FULL_PASS_FRACTION=ELKAN_FULL_PASS_FRACTION,
     SEEDING_DENSE_TERM_FRACTION=SEEDING_DENSE_TERM_FRACTION,
+    SEEDING_DOTS_BLOCK=SEEDING_DOTS_BLOCK,
+    SEEDING_GRAM_MAX_BYTES=SEEDING_GRAM_MAX_BYTES,
     FOLD_MAX_BYTES=FOLD_MAX_BYTES,
 )
 

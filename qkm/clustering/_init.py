@@ -40,7 +40,7 @@ def n_local_trials_for(n_clusters):
 
 
 def kmeans_plusplus(data, n_clusters, random_state, n_local_trials=None, sample_weight=None,
-                    return_potential=False, rows_only=False):
+                    return_potential=False, rows_only=False, dots=None):
     """Greedy k-means++ seeding.
 
     Parameters
@@ -60,6 +60,11 @@ def kmeans_plusplus(data, n_clusters, random_state, n_local_trials=None, sample_
         nearest chosen row) of the result.
     rows_only : bool, default=False
         Return only ``(indices, potential)``, without building the centres.
+    dots : callable, default=None
+        ``dots(rows)`` gives the ``(len(rows), n_samples)`` float64 dot
+        products of the rows ``rows`` with every row (e.g. rows of a
+        precomputed Gram matrix, :func:`qkm.clustering._seeding_kmpar.recluster`);
+        ``None`` computes them per step (BLAS, or the CSC copy of CSR data).
 
     Returns
     -------
@@ -73,18 +78,20 @@ def kmeans_plusplus(data, n_clusters, random_state, n_local_trials=None, sample_
     n = data.n_samples
     L = n_local_trials_for(n_clusters) if n_local_trials is None else int(n_local_trials)
     x_sq = data.x_sq
-    csc = X.tocsc() if data.sparse else None
+    csc = X.tocsc() if data.sparse and dots is None else None
     if csc is not None:
         csc.sort_indices()
 
     def sq_dist_to(rows):
-        if csc is not None:
+        if dots is not None:
+            g = dots(rows)
+        elif csc is not None:
             cand = X[rows]
-            dots = np.empty((len(rows), n), dtype=np.float64)
-            _candidate_dots_csc(csc.data, csc.indices, csc.indptr, cand.data, cand.indices, cand.indptr, dots)
+            g = np.empty((len(rows), n), dtype=np.float64)
+            _candidate_dots_csc(csc.data, csc.indices, csc.indptr, cand.data, cand.indices, cand.indptr, g)
         else:
-            dots = np.asarray(X[rows] @ X.T, dtype=np.float64)
-        d = x_sq[rows][:, None] + x_sq[None, :] - 2.0 * dots
+            g = np.asarray(X[rows] @ X.T, dtype=np.float64)
+        d = x_sq[rows][:, None] + x_sq[None, :] - 2.0 * g
         np.maximum(d, 0.0, out=d)
         d[np.arange(len(rows)), rows] = 0.0
         return d

@@ -25,32 +25,10 @@ and the time the seeding took.
   with ``ell = oversampling_factor * K`` expected new candidates per round,
   candidates weighted by the number of points nearest to them, then greedy
   k-means++ and ``KMPAR_LLOYD_ITER`` weighted Lloyd iterations on the weighted
-  candidates. See "k-means|| in chunks" below.
+  candidates. See :mod:`qkm.clustering._seeding_kmpar` ("k-means|| in chunks").
 * ``"random"``: distinct rows drawn uniformly.
 * ``init_sample=SAMP`` (SystemML's ``samp``): the seeding runs on a sample of
   about ``K * SAMP`` rows drawn by geometric skips (:func:`geometric_sample`).
-
-k-means|| in chunks
--------------------
-The data are a list of *chunks* (row blocks; in-process: one chunk holding
-every row; a distributed backend: one per shard). A chunk's state
-(:class:`KMParChunk`) keeps, per row, the squared distance to the nearest
-candidate and that candidate's id. Per-chunk work, O(rows of the chunk):
-
-* :func:`chunk_lower` - distances to a block of new candidates only (a
-  :class:`qkm.clustering._seeding_kernels.CenterBlock`); updates the state, returns the
-  chunk's cost;
-* :func:`chunk_sample` - the rows kept this round (round key and scale in);
-* :func:`chunk_rows` - given rows (the first centre);
-* :func:`chunk_counts` - rows nearest to each candidate (the weights).
-
-The driver step (:func:`kmeans_parallel`), O(candidates): draw the first row,
-sum the chunk costs in chunk order, gather and de-duplicate the sampled rows,
-build the next block, sum the counts, and recluster the weighted candidates
-(:func:`recluster`). It reaches the chunks only through its ``map_chunks``
-argument, which a distributed backend replaces. A row is kept according to a
-counter-based draw keyed by (round, global row id), so the sample does not
-depend on the chunking; the total cost does, in its last bits (sum order).
 """
 
 import dataclasses
@@ -59,11 +37,12 @@ import time
 import numpy as np
 import scipy.sparse as sp
 
-from .. import _config
 from . import _seeding_kernels as S_
 from ._seeding_kernels import SampleLayout
 from .._data import KMeansData
 from ._init import _rows, distinct_row_indices, kmeans_plusplus, n_local_trials_for, random_rows
+from ._seeding_kmpar import (KMParChunk, chunk_counts, chunk_lower, chunk_rows, chunk_sample, kmeans_parallel,
+                             recluster)
 from ..operator import DenseOperator
 
 __all__ = ["SEEDINGS", "Seeding", "Seeds", "run_seeding", "potential", "d2_seeding", "kmeans_parallel",
@@ -72,15 +51,12 @@ __all__ = ["SEEDINGS", "Seeding", "Seeds", "run_seeding", "potential", "d2_seedi
 
 SEEDINGS = ("k-means++", "d2-seeding", "k-means||", "random")
 
-#: Lloyd iterations clustering one D^2 sample, and on the k-means|| candidates.
+#: Lloyd iterations clustering one D^2 sample.
 SAMPLE_LLOYD_ITER = 10
-KMPAR_LLOYD_ITER = 5
 #: D^2-seeding ("auto") clusters a sample into K groups while that costs at most FLAT_BUDGET greedy k-means++
 #: steps (counting FLAT_ITERS Lloyd iterations), else into 2 + log2 K groups; see _flat_is_affordable.
 FLAT_BUDGET = 10
 FLAT_ITERS = 4
-#: k-means|| rounds run past ``init_rounds`` at most this many times while fewer than K candidates exist.
-KMPAR_EXTRA_ROUNDS = 100
 
 
 @dataclasses.dataclass(frozen=True)
@@ -358,143 +334,3 @@ def _heaviest_leaf(sample, target, n_groups, rng, best, recurse=True):
             _heaviest_leaf(sample.subset(members), share, n_groups, rng, best, recurse)
         else:  # a leaf
             best[:] = [totals[c], GT[:, c].copy(), int(sample.ids[seeds[c]])]
-
-
-# --------------------------------------------------------------------------- #
-# k-means||: per-chunk work
-# --------------------------------------------------------------------------- #
-class KMParChunk:
-    """One chunk of rows in k-means||: its data, global offset and per-row nearest candidate.
-
-    Parameters
-    ----------
-    data : KMeansData
-        The chunk's rows.
-    row_offset : int, default=0
-        Global id of its first row (keys the sampling draws).
-    """
-
-    def __init__(self, data, row_offset=0):
-        self.data = data
-        self.row_offset = int(row_offset)
-        self.closest = np.full(data.n_samples, np.inf)
-        self.nearest = np.zeros(data.n_samples, dtype=np.int64)
-
-
-def chunk_lower(chunk, block):
-    """Lower the chunk's distances with a block of new centres; returns the chunk's cost (float)."""
-    data = chunk.data
-    X = data.X
-    if data.sparse:
-        S_.lower_to_block_sparse(X.data, X.indices, X.indptr, data.x_sq, block.code, block.ct_dense,
-                                 block.ct_ptr, block.ct_idx, block.ct_val, block.c_sq, data.err_rel,
-                                 block.first_id, chunk.closest, chunk.nearest)
-    else:
-        CT = np.asarray(block.C, dtype=data.dtype).T
-        step = _config.DENSE_BLOCK_ROWS
-        for start in range(0, data.n_samples, step):
-            S_.lower_to_block_dense(X[start:start + step] @ CT, start, data.x_sq, block.c_sq, data.err_rel,
-                                    block.first_id, chunk.closest, chunk.nearest)
-    return float(chunk.closest.sum())
-
-
-def chunk_sample(chunk, key, scale):
-    """The rows kept this round (dense ndarray or CSR): row i with probability ``min(1, scale * closest[i])``."""
-    keep = np.empty(chunk.data.n_samples, dtype=np.bool_)
-    S_.sample_rows(chunk.closest, key, chunk.row_offset, float(scale), keep)
-    return chunk_rows(chunk, np.flatnonzero(keep))
-
-
-def chunk_rows(chunk, local_ids):
-    """The chunk's rows ``local_ids`` (dense ndarray or CSR)."""
-    return chunk.data.X[local_ids]
-
-
-def chunk_counts(chunk, n_candidates):
-    """Rows nearest to each candidate, float64 (the candidates' weights)."""
-    return np.bincount(chunk.nearest, minlength=n_candidates).astype(np.float64)
-
-
-# --------------------------------------------------------------------------- #
-# k-means||: driver
-# --------------------------------------------------------------------------- #
-def _in_process_map(fn, chunks, *args):
-    return [fn(chunk, *args) for chunk in chunks]
-
-
-def _stack(blocks):
-    return sp.vstack(blocks, format="csr") if sp.issparse(blocks[0]) else np.vstack(blocks)
-
-
-def kmeans_parallel(chunks, n_clusters, rng, oversampling_factor=2.0, n_rounds=5, n_local_trials=None,
-                    map_chunks=_in_process_map, sparse_centers=False):
-    """k-means|| over chunks (see "k-means|| in chunks"): centres of the data dtype, dense or CSR (:func:`recluster`).
-
-    ``map_chunks(fn, chunks, *args)`` runs a per-chunk function on every
-    chunk and returns the results in chunk order (in-process by default); it
-    is the only way the driver touches the chunks. ``chunk_lower`` updates a
-    chunk's state in place, so a distributed ``map_chunks`` keeps the states
-    where the chunks live.
-    """
-    sizes = [c.data.n_samples for c in chunks]
-    first = int(rng.randint(sum(sizes)))
-    owner = int(np.searchsorted(np.cumsum(sizes), first, side="right"))
-    candidates = map_chunks(chunk_rows, [chunks[owner]], np.array([first - sum(sizes[:owner])]))
-    phi = sum(map_chunks(chunk_lower, chunks, S_.CenterBlock(candidates[0], 0)))
-    n_cand = 1
-    ell = oversampling_factor * n_clusters
-    key0 = int(rng.randint(2 ** 31 - 1)) * (2 ** 31) + int(rng.randint(2 ** 31 - 1))
-    r = 0
-    while phi > 0 and (r < n_rounds or (n_cand < n_clusters and r < n_rounds + KMPAR_EXTRA_ROUNDS)):
-        key = S_.round_key(key0, r)
-        r += 1
-        new = _stack(map_chunks(chunk_sample, chunks, key, ell / phi))
-        if new.shape[0] == 0:
-            continue
-        new = new[distinct_row_indices(new)]
-        phi = sum(map_chunks(chunk_lower, chunks, S_.CenterBlock(new, n_cand)))
-        candidates.append(new)
-        n_cand += new.shape[0]
-    weights = np.sum(map_chunks(chunk_counts, chunks, n_cand), axis=0)
-    return recluster(_stack(candidates), weights, n_clusters, rng, n_local_trials, sparse_centers=sparse_centers)
-
-
-def _weighted_sums(X, weights, labels, n_groups):
-    """Per-group sums of the weighted rows ((g, D), sparse for CSR X) and the groups' total weights."""
-    M = sp.csr_matrix((weights, (labels, np.arange(X.shape[0]))), shape=(n_groups, X.shape[0]))
-    return M @ X, np.bincount(labels, weights=weights, minlength=n_groups)
-
-
-def recluster(candidates, weights, n_clusters, rng, n_local_trials=None, lloyd_iter=KMPAR_LLOYD_ITER,
-              sparse_centers=False):
-    """Greedy weighted k-means++ then weighted Lloyd on the candidates; dense (n_clusters, D) centres, or CSR
-    ones (the same values) for CSR candidates with ``sparse_centers``.
-
-    Candidates of zero weight are never drawn. If fewer than ``n_clusters``
-    candidates carry weight (only when the rounds ran out), the missing
-    centres come from greedy k-means++ on all candidates.
-    """
-    dtype = candidates.dtype
-    if np.count_nonzero(weights) < n_clusters:
-        weights = weights + (weights == 0)
-    cdata = KMeansData(candidates if sp.issparse(candidates) else np.ascontiguousarray(candidates))
-    idx, _ = kmeans_plusplus(cdata, n_clusters, rng, n_local_trials, sample_weight=weights, rows_only=True)
-    C = candidates[idx]
-    labels = None
-    for _ in range(lloyd_iter):
-        state = KMParChunk(cdata)
-        chunk_lower(state, S_.CenterBlock(C, 0))
-        if labels is not None and np.array_equal(state.nearest, labels):
-            break
-        labels = state.nearest
-        sums, totals = _weighted_sums(candidates, weights, labels, n_clusters)
-        inv = np.where(totals > 0, 1.0 / np.where(totals > 0, totals, 1.0), 0.0)
-        empty = (totals == 0).astype(np.float64)  # empty clusters keep their centre
-        if sp.issparse(sums):
-            C = (sp.diags(inv) @ sums + sp.diags(empty) @ C).tocsr().astype(dtype)
-            C.eliminate_zeros()
-        else:
-            C = np.ascontiguousarray(sums * inv[:, None] + C * empty[:, None], dtype=dtype)
-    if len(distinct_row_indices(C)) < n_clusters:
-        C = candidates[idx]  # Lloyd merged two centres: keep the distinct seeds
-    return _rows(C, np.arange(n_clusters), sparse_centers)

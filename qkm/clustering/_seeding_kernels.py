@@ -116,52 +116,101 @@ def lower_to_center_sparse(
 # --------------------------------------------------------------------------- #
 # Distances to a block of sparse centres (k-means|| rounds, weighted Lloyd)
 # --------------------------------------------------------------------------- #
-@njit(inline="always", **_JIT)
-def _row_dots(i, data, indices, indptr, code, ct_dense, ct_ptr, ct_idx, ct_val, acc):
-    """acc[j] = x_i . c_j: dense axpys for the frequent terms, scattered adds for the rest.
-
-    ``code[t]`` (int32, one lookup per nonzero of x_i): ``s >= 0`` row s of
-    ``ct_dense``; ``-1`` no centre of the block has term t; ``-2 - r`` the
-    r-th sparse term, whose centres are ``ct_idx[ct_ptr[r]:ct_ptr[r + 1]]``.
-    """
-    B = acc.shape[0]
-    acc[:] = 0.0
-    for p in range(indptr[i], indptr[i + 1]):
-        s = code[indices[p]]
-        if s == -1:
-            continue
-        v = np.float64(data[p])
-        if s >= 0:
-            row = ct_dense[s]
-            for j in range(B):
-                acc[j] += v * row[j]
-        else:
-            r = -2 - s
-            for q in range(ct_ptr[r], ct_ptr[r + 1]):
-                acc[ct_idx[q]] += v * ct_val[q]
+# The dots of a row block with a block of B sparse centres are formed transposed,
+# GT of shape (B, r): the frequent terms as ``c_dense`` times the rows' dense slab
+# on those terms (axpys over the rows), the rare ones term-major (each centre's rare terms scatter a
+# column of the rows' CSC copy into the centre's row of GT, a contiguous stream).
+@njit(parallel=True, **_JIT)
+def gather_slab_t(
+    data, indices, indptr,          # IN  CSR rows
+    row0,                           # IN  first row of the slab
+    code,                           # IN  (D,) int32: s >= 0 the term is column s of the block's c_dense
+    slab_t,                         # IN/OUT (F, r) float64 zeros: rows row0 .. row0 + r - 1 on the frequent terms
+):
+    r = slab_t.shape[1]
+    chunk = _config.CHUNK_SIZE
+    for ch in prange((r + chunk - 1) // chunk):
+        for t in range(ch * chunk, min(r, (ch + 1) * chunk)):
+            for p in range(indptr[row0 + t], indptr[row0 + t + 1]):
+                s = code[indices[p]]
+                if s >= 0:
+                    slab_t[s, t] = data[p]
 
 
 @njit(parallel=True, **_JIT)
-def lower_to_block_sparse(
-    data, indices, indptr,          # IN  CSR rows (the chunk)
-    x_sq,                           # IN  (m,) float64
-    code,                           # IN  (D,) int32 where term t lives (see _row_dots)
-    ct_dense,                       # IN  (F, B) float64 frequent terms of C^T
-    ct_ptr, ct_idx, ct_val,         # IN  CSR of the other terms of C^T (B columns), one row per sparse term
-    c_sq,                           # IN  (B,) float64
-    err_rel,                        # IN
-    first_id,                       # IN  id of the block's first centre
+def add_dense_dots(
+    c_dense,                        # IN  (B, F) float64 the centres on the frequent terms
+    slab_t,                         # IN  (F, r) float64 the rows on the frequent terms
+    GT,                             # IN/OUT (B, r) float64 zeros: GT[j, t] = sum_s c_dense[j, s] slab_t[s, t]
+):
+    """The frequent terms' dots, one contiguous axpy over the rows per nonzero of a centre.
+
+    Not BLAS: a BLAS product rounds an entry differently depending on where
+    it falls in the call's tiles, while here every entry is summed in term
+    order, so a row's dots do not depend on the rows beside it (chunked ==
+    whole k-means||) nor on the thread count.
+    """
+    B, F = c_dense.shape
+    r = GT.shape[1]
+    for j in prange(B):
+        g = GT[j]
+        for s in range(F):
+            v = c_dense[j, s]
+            if v != 0.0:
+                row = slab_t[s]
+                for t in range(r):
+                    g[t] += v * row[t]
+
+
+@njit(parallel=True, **_JIT)
+def add_rare_dots(
+    csc_data, csc_indices, csc_indptr,  # IN  the row block in CSC (row ids 0 .. r - 1)
+    r_ptr, r_idx, r_val,            # IN  CSR (B, D) of the centres' rare terms
+    GT,                             # IN/OUT (B, r) dots over the frequent terms; the rare terms are added
+):
+    """GT[j, t] += sum over the rare terms k of c_{j, k} x_{t, k}, in the order of c_j's terms."""
+    B = GT.shape[0]
+    for j in prange(B):
+        row = GT[j]
+        for q in range(r_ptr[j], r_ptr[j + 1]):
+            k = r_idx[q]
+            v = r_val[q]
+            for p in range(csc_indptr[k], csc_indptr[k + 1]):
+                row[csc_indices[p]] += v * np.float64(csc_data[p])
+
+
+@njit(parallel=True, **_JIT)
+def lower_to_block_t(
+    GT,                             # IN  (B, r) dots of the centres with rows row0 .. row0 + r - 1
+    row0,                           # IN
+    x_sq,                           # IN  (m,) float64 squared norms of the chunk's rows
+    c_sq, err_rel, first_id,        # IN
     closest, nearest,               # IN/OUT (m,)
 ):
-    """Lower closest/nearest with a block of B centres given in hybrid C^T layout."""
-    m = indptr.shape[0] - 1
-    B = c_sq.shape[0]
+    """:func:`lower_to_block_dense` from transposed dots (the same arithmetic and ties: the first nearest centre)."""
+    B, r = GT.shape
     chunk = _config.CHUNK_SIZE
-    for ch in prange((m + chunk - 1) // chunk):
-        acc = np.empty(B, dtype=np.float64)
-        for i in range(ch * chunk, min(m, (ch + 1) * chunk)):
-            _row_dots(i, data, indices, indptr, code, ct_dense, ct_ptr, ct_idx, ct_val, acc)
-            _lower_from_dots(i, acc, x_sq[i], c_sq, err_rel, first_id, closest, nearest)
+    for ch in prange((r + chunk - 1) // chunk):
+        a = ch * chunk
+        b = min(r, a + chunk)
+        best = np.full(b - a, np.inf)
+        best_j = np.zeros(b - a, dtype=np.int64)
+        for j in range(B):
+            cs = c_sq[j]
+            g = GT[j]
+            for t in range(a, b):
+                xs = x_sq[row0 + t]
+                d = xs + cs - 2.0 * g[t]
+                if d <= err_rel * (xs + cs):
+                    d = 0.0
+                if d < best[t - a]:
+                    best[t - a] = d
+                    best_j[t - a] = j
+        for t in range(a, b):
+            i = row0 + t
+            if best[t - a] < closest[i]:
+                closest[i] = best[t - a]
+                nearest[i] = first_id + best_j[t - a]
 
 
 @njit(parallel=True, **_JIT)
@@ -319,9 +368,12 @@ def sample_means(
 class CenterBlock:
     """Centres ``first_id ... first_id + n - 1`` in the layout the chunk kernels read (arrays only).
 
-    CSR centres are stored as C^T with the terms that occur in more than
-    ``_config.SEEDING_DENSE_TERM_FRACTION`` of the block's centres as dense
-    rows (axpys over the block) and the rest in CSR (scattered adds).
+    CSR centres: the terms that occur in more than
+    ``_config.SEEDING_DENSE_TERM_FRACTION`` of the block's centres
+    (``dense_terms``, F of them) as a dense ``(B, F)`` matrix ``c_dense``
+    (:func:`add_dense_dots`), ``code[t]`` = column of term t in it (-1:
+    not a frequent term); the other terms of every centre as CSR ``(B, D)``
+    arrays ``r_ptr, r_idx, r_val`` (sorted terms; :func:`add_rare_dots`).
     """
 
     def __init__(self, rows, first_id):
@@ -333,20 +385,20 @@ class CenterBlock:
             self.c_sq = centroid_sq_norms(self.C)
             return
         rows = sp.csr_matrix(rows, dtype=np.float64)
+        rows.sum_duplicates()
+        rows.sort_indices()
         self.c_sq = np.asarray(rows.multiply(rows).sum(axis=1), dtype=np.float64).ravel()
-        CT = rows.T.tocsr()
-        CT.sort_indices()
-        counts = np.diff(CT.indptr)
+        counts = np.bincount(rows.indices, minlength=rows.shape[1])
         dense = counts > _config.SEEDING_DENSE_TERM_FRACTION * self.n
-        sparse_terms = np.flatnonzero((counts > 0) & ~dense)
-        self.code = np.full(CT.shape[0], -1, dtype=np.int32)
-        self.code[dense] = np.arange(int(dense.sum()), dtype=np.int32)
-        self.code[sparse_terms] = -2 - np.arange(sparse_terms.shape[0], dtype=np.int32)
-        self.ct_dense = np.ascontiguousarray(CT[np.flatnonzero(dense)].toarray())
-        CS = CT[sparse_terms]
-        self.ct_ptr = CS.indptr.astype(np.int64)
-        self.ct_idx = CS.indices.astype(np.int32)
-        self.ct_val = CS.data.astype(np.float64)
+        self.dense_terms = np.flatnonzero(dense)
+        self.code = np.full(rows.shape[1], -1, dtype=np.int32)
+        self.code[dense] = np.arange(self.dense_terms.shape[0], dtype=np.int32)
+        self.c_dense = np.ascontiguousarray(rows[:, self.dense_terms].toarray())
+        rare = ~dense[rows.indices]
+        owner = np.repeat(np.arange(self.n), np.diff(rows.indptr))
+        self.r_ptr = np.concatenate([[0], np.cumsum(np.bincount(owner[rare], minlength=self.n))]).astype(np.int64)
+        self.r_idx = rows.indices[rare].astype(np.int64)
+        self.r_val = rows.data[rare]
 
 
 class SampleLayout:
