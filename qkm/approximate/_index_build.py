@@ -22,11 +22,12 @@ BLOCK_DIMS = 64
 TAIL_BLOCKS = 2
 #: Rows of the sample the principal axes are fitted on.
 BASIS_SAMPLE = 20000
-#: Lloyd iterations of the index's own quantiser (on all the rows). Measured on Fashion-MNIST (980 lists,
-#: ``benchmarks/results/ann_build.md``): 8 iterations give the same auto ``nprobe`` (13) as 20 did.
-QUANTIZER_ITER = 8
+#: Lloyd iterations of the index's own quantiser (on all the rows). On Fashion-MNIST (980 lists) 8 to 14
+#: iterations calibrated nprobe 14 instead of 13 (same recall on test queries at nprobe 13): 20 kept.
+QUANTIZER_ITER = 20
 #: The quantiser's greedy k-means++ seeding runs on a sample of about this many rows per list
-#: (:class:`qkm.KMeans`' ``init_sample``); seeding on all the rows took half the build.
+#: (:class:`qkm.KMeans`' ``init_sample``): seeding on all the rows took ~40 % of the build
+#: (``benchmarks/results/ann_build.md``).
 QUANTIZER_SEED_ROWS = 8
 
 def fit_basis(X, n_coords, rng):
