@@ -136,7 +136,7 @@ def main():
     t = time.perf_counter()
     model = qkm.QKMeans(64, sparsity_level=3, random_state=0, n_jobs=1).fit(X)
     fit_s = time.perf_counter() - t
-    fit_load.append(load())
+    fit_load = [fit_load, load()]
     print(f"model {MODEL} fit in {fit_s:.1f} s (load {fit_load})", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         args.model = str(Path(tmp) / "model.qkm")
@@ -153,7 +153,7 @@ def main():
         for r in range(args.rounds):
             for side, src in sides.items():
                 res = run_worker(src, args)
-                assert Path(res["qkm"]).resolve() == (Path(src) / "qkm").resolve(), res["qkm"]
+                assert Path(res.pop("qkm")).resolve() == (Path(src) / "qkm").resolve()  # that side's package ran
                 runs[side].append(res)
                 print(f"round {r} {side}: build {res['build_s']:.1f} s, nprobe {res['nprobe']}, recall@1 "
                       f"{res['recall1']:.4f}, batch {res['batch_qps']:,.0f} q/s, one query {res['single_us']:.0f} us, "
