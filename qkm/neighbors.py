@@ -222,11 +222,11 @@ class ClusterIndex(BaseEstimator):
             h = min(HEAD_DIMS, basis.shape[1])
             n_train = X_train.shape[0]
             n_lists = min(self.n_lists or max(1, int(round(4 * np.sqrt(n)))), n_train)
-            centers = fit_quantizer(coordinates(X_train, mean, basis, 0, h), n_lists, rng, self.n_jobs)
+            head = np.ascontiguousarray(coordinates(X, mean, basis, 0, h), dtype=np.float32)
+            centers = fit_quantizer(head[train], n_lists, rng, self.n_jobs)
             n_lists = centers.shape[0]
             from .operator import DenseOperator
 
-            head = np.ascontiguousarray(coordinates(X, mean, basis, 0, h), dtype=np.float32)
             with numba_threads(n_threads):
                 lists = DenseOperator(centers).assign(head)[0].astype(np.int64)
         self._set_fitted(operator, X, lists, n_lists, mean, basis, centers, labels, y)

@@ -7,11 +7,13 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 from sklearn.datasets import make_blobs
+from sklearn.metrics import adjusted_rand_score
 from threadpoolctl import threadpool_limits
 
 from conftest import CONTAINERS, through_npy
 from qkm import ClusterIndex, KMeans, QKMeans
 from qkm._threads import numba_threads
+from qkm.approximate._index_build import QUANTIZER_SEED_ROWS, fit_quantizer
 from qkm.export import load_model, save_model
 from qkm.operator import DenseOperator
 
@@ -265,6 +267,29 @@ def test_identical_for_one_and_two_threads(wide, km_wide, partition):
             runs.append((index.nprobe_, index.list_of_row_, *index.query(Xq, k=4, nprobe=3)))
     for a, b in zip(*runs):
         np.testing.assert_array_equal(a, b)
+
+
+def test_quantizer_seeds_on_a_sample_and_recovers_separated_groups():
+    """The own lists' k-means (k-means++ on ~QUANTIZER_SEED_ROWS rows per list, few Lloyd iterations) still finds
+    well-separated groups exactly, and is reproducible from its random state."""
+    n_lists = 20
+    X, groups = make_blobs(n_samples=n_lists * QUANTIZER_SEED_ROWS * 5, n_features=6, centers=n_lists,
+                           cluster_std=0.2, center_box=(-50, 50), random_state=3)
+    assert X.shape[0] > n_lists * QUANTIZER_SEED_ROWS  # the seeding runs on a sample, not on every row
+    runs = [fit_quantizer(X, n_lists, np.random.RandomState(5), 1) for _ in range(2)]
+    np.testing.assert_array_equal(runs[0], runs[1])
+    lists = naive.knn(X, runs[0].astype(np.float64), 1)[1][:, 0]
+    assert adjusted_rand_score(groups, lists) == 1.0
+
+
+def test_default_build_is_reproducible_from_random_state():
+    X, _ = make_blobs(n_samples=2500, n_features=12, centers=30, cluster_std=2.0, random_state=4)
+    model = KMeans(n_clusters=6, random_state=0).fit(X)
+    a, b = (ClusterIndex(model, random_state=7).fit(X) for _ in range(2))
+    assert a.n_lists_ == round(4 * np.sqrt(2500)) and a.calibration_["held_out"] == 250
+    np.testing.assert_array_equal(a.list_of_row_, b.list_of_row_)
+    np.testing.assert_array_equal(a._lists.centers, b._lists.centers)
+    assert a.nprobe_ == b.nprobe_ and a.calibration_ == b.calibration_
 
 
 @pytest.mark.parametrize("partition, store", [("auto", "float32"), ("model", "float32"), ("auto", "int8")])
