@@ -272,7 +272,8 @@ def main():
     p.add_argument("--rows", type=int, default=2_000_000)
     p.add_argument("--features", type=int, default=100_000)
     p.add_argument("--density", type=float, default=1e-4)
-    p.add_argument("--rows-per-shard", type=int, default=1 << 19)
+    p.add_argument("--rows-per-shard", type=int, default=DB.DEFAULT_ROWS_PER_SHARD,
+                   help="generated matrix: rows per shard (another value gets its own shard directory)")
     p.add_argument("--out", default=str(BENCH_DIR / "results" / "distributed_phases"))
     p.add_argument("--ref-src", help="A/B: the source tree of another qkm version (e.g. `git archive REV qkm | "
                    "tar -x -C DIR`); configs named ref-dask-1w, ref-dask-2w run with it on PYTHONPATH")
