@@ -121,6 +121,9 @@ def generate(path, n_rows, n_features, density, seed=0, chunk=100_000, n_topics=
             sp.save_npz(f, X, compressed=False)
 
 
+DEFAULT_ROWS_PER_SHARD = 1 << 19
+
+
 def shard(source, directory, rows_per_shard):
     if not (Path(directory) / "manifest.json").exists():
         subprocess.run([QKM, "shard", str(source), "-o", str(directory), "--rows-per-shard", str(rows_per_shard)],
@@ -131,7 +134,7 @@ def shard(source, directory, rows_per_shard):
 def prepare(args):
     cache = Path(args.cache_dir)
     cache.mkdir(parents=True, exist_ok=True)
-    sets = {}
+    sets, init_names = {}, {}
     if "20news-tfidf" in args.datasets:
         npz = TS.ensure_matrix("20news-tfidf", args.data_dir, cache, None)
         sets["20news-tfidf"] = shard(npz, cache / "dist_20news-tfidf_shards", 4096)
@@ -141,11 +144,14 @@ def prepare(args):
         if not npz.exists():
             print(f"generating {npz} ...", flush=True)
             generate(npz, args.rows, args.features, args.density)
-        sets["generated"] = shard(npz, cache / f"dist_{tag}_shards", args.rows_per_shard)
+        usual = getattr(args, "usual_rows_per_shard", DEFAULT_ROWS_PER_SHARD)
+        cut = "" if args.rows_per_shard == usual else f"_r{args.rows_per_shard}"
+        sets["generated"] = shard(npz, cache / f"dist_{tag}{cut}_shards", args.rows_per_shard)
+        init_names["generated"] = f"dist_{tag}_shards"  # the initial centres do not depend on the cut
     inits = {}
     for name, directory in sets.items():
         for k in args.ks:
-            path = cache / f"dist_init_{Path(directory).name}_k{k}.npy"
+            path = cache / f"dist_init_{init_names.get(name, Path(directory).name)}_k{k}.npy"
             if not path.exists():
                 subprocess.run([sys.executable, __file__, "--make-init", directory, str(k), str(path)], check=True)
             inits[f"{name}:{k}"] = str(path)
@@ -357,7 +363,8 @@ def main():
     p.add_argument("--rows", type=int, default=2_000_000)
     p.add_argument("--features", type=int, default=100_000)
     p.add_argument("--density", type=float, default=1e-4)
-    p.add_argument("--rows-per-shard", type=int, default=1 << 19)
+    p.add_argument("--rows-per-shard", type=int, default=DEFAULT_ROWS_PER_SHARD,
+                   help="generated matrix: rows per shard (another value gets its own shard directory)")
     p.add_argument("--configs", default=",".join(CONFIGS))
     p.add_argument("--algorithms", default="lloyd,kmeans-par,qkmeans", help="any of lloyd, kmeans-par, qkmeans")
     p.add_argument("--palm-warm-iter", type=int, default=2, help="QK-means: least-squares sweeps per refit")
@@ -371,7 +378,7 @@ def main():
         return make_init(*args.make_init)
     if args.quick:
         args.rows, args.features, args.ks, args.iters, args.datasets = 200_000, 20_000, "100", 2, "generated"
-        args.rows_per_shard = 1 << 16
+        args.rows_per_shard = args.usual_rows_per_shard = 1 << 16
     args.datasets = args.datasets.split(",")
     args.ks = [int(k) for k in args.ks.split(",")]
     sets, inits = prepare(args)

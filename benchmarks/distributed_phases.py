@@ -186,8 +186,10 @@ def micro(args, directory, init, reps):
     On the first shard and the means after one Lloyd step from the benchmark's
     initial centres: the workers' C^T layouts from the compact pack (densified
     first, as before, vs straight from the CSR), the driver's means (copy of
-    the centres then in place, as before, vs written into the new buffer), and
-    one pack out + combined sums back through the scheduler vs directly.
+    the centres then in place, as before, vs written into the new buffer), the
+    workers' sparse C^T fill from the CSR pack (row by row of C vs in column
+    blocks that stay in cache; the same arrays), and one pack out + combined
+    sums back through the scheduler vs directly.
     """
     import numpy as np
     from distributed import Client, LocalCluster
@@ -228,8 +230,22 @@ def micro(args, directory, init, reps):
     def means_after():
         means_from_csr_sums(sums.indptr, sums.indices, sums.data, counts, C, out_new, sh)
 
+    C_csr = pack[0]
+    ct_ptr = np.zeros(C_csr.shape[1] + 1, dtype=np.int64)
+    np.cumsum(_packs._SharedCSROperator(C_csr, pack[1]).column_nnz(), out=ct_ptr[1:])
+    ct_rowwise = (np.empty(ct_ptr[-1], dtype=np.int32), np.empty(ct_ptr[-1]))
+    ct_blocked = (np.empty(ct_ptr[-1], dtype=np.int32), np.empty(ct_ptr[-1]))
+
+    def ct_before():
+        _csr_fill_transpose_rowwise(C_csr.indptr, C_csr.indices, C_csr.data, ct_ptr, *ct_rowwise)
+
+    def ct_after():
+        _packs._csr_fill_transpose(C_csr.indptr, C_csr.indices, C_csr.data, _packs._tile(C_csr.shape[0]), ct_ptr,
+                                   *ct_blocked)
+
     cases = {"worker C^T layouts from the pack": (layouts_before, layouts_after),
-             "driver means from the CSR sums": (means_before, means_after)}
+             "driver means from the CSR sums": (means_before, means_after),
+             "worker sparse C^T fill: row by row vs column blocks": (ct_before, ct_after)}
     times = {name: ([], []) for name in cases}
     for _ in range(reps):
         for name, fns in cases.items():
@@ -240,6 +256,7 @@ def micro(args, directory, init, reps):
     means_before()
     means_after()
     assert np.array_equal(out_old, out_new)
+    assert all(np.array_equal(a, b) for a, b in zip(ct_rowwise, ct_blocked))
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=None,
                       worker_dashboard_address=None) as cluster, Client(cluster) as client:
         name = "pack out + sums back (a task between)"
@@ -253,6 +270,30 @@ def micro(args, directory, init, reps):
                 times[name][i].append(time.perf_counter() - t0)
     return {name: {"before": statistics.median(a), "after": statistics.median(b), "reps": reps}
             for name, (a, b) in times.items()}
+
+
+def _csr_fill_transpose_rowwise(indptr, indices, data, ct_ptr, ct_idx, ct_val):
+    """The workers' sparse C^T fill before the column blocks (for ``--micro``): row by row of C, so the writes
+    jump across the whole of C^T."""
+    from numba import njit
+
+    global _ROWWISE
+    if _ROWWISE is None:
+        @njit(nogil=True)
+        def fill(indptr, indices, data, ct_ptr, ct_idx, ct_val):
+            pos = ct_ptr[:-1].copy()
+            for j in range(indptr.shape[0] - 1):
+                for q in range(indptr[j], indptr[j + 1]):
+                    if data[q] != 0:
+                        k = indices[q]
+                        ct_idx[pos[k]] = j
+                        ct_val[pos[k]] = data[q]
+                        pos[k] += 1
+        _ROWWISE = fill
+    _ROWWISE(indptr, indices, data, ct_ptr, ct_idx, ct_val)
+
+
+_ROWWISE = None
 
 
 def _sums_like(pack, sums):
@@ -272,7 +313,8 @@ def main():
     p.add_argument("--rows", type=int, default=2_000_000)
     p.add_argument("--features", type=int, default=100_000)
     p.add_argument("--density", type=float, default=1e-4)
-    p.add_argument("--rows-per-shard", type=int, default=1 << 19)
+    p.add_argument("--rows-per-shard", type=int, default=DB.DEFAULT_ROWS_PER_SHARD,
+                   help="generated matrix: rows per shard (another value gets its own shard directory)")
     p.add_argument("--out", default=str(BENCH_DIR / "results" / "distributed_phases"))
     p.add_argument("--ref-src", help="A/B: the source tree of another qkm version (e.g. `git archive REV qkm | "
                    "tar -x -C DIR`); configs named ref-dask-1w, ref-dask-2w run with it on PYTHONPATH")
@@ -287,7 +329,7 @@ def main():
     sets, inits = DB.prepare(args)
     name, directory = next(iter(sets.items()))
     m = json.load(open(Path(directory) / "manifest.json"))
-    configs = args.configs.split(",")
+    configs = [c for c in args.configs.split(",") if c]  # none: --micro only
     results = []
     meta = {"command": " ".join([".venv/bin/python", "benchmarks/distributed_phases.py"] + sys.argv[1:]),
             "shape": f"{name} {m['n_rows']:,} x {m['n_features']:,} CSR, nnz {m['nnz']:,}, {len(m['shards'])} shards",
@@ -305,7 +347,7 @@ def main():
         micro_results["load"] = {"before": load0, "after": DB.uptime_load()}
         meta["micro"] = micro_results
         print(json.dumps(micro_results), flush=True)
-    for rnd in range(args.rounds):
+    for rnd in range(args.rounds if configs else 0):
         order = configs[rnd % len(configs):] + configs[:rnd % len(configs)]
         for config in order:
             spec = {"config": config, "directory": directory, "init": inits[f"{name}:{args.k}"],

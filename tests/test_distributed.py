@@ -159,6 +159,28 @@ def test_unaligned_shards_are_refused(inproc_client, tmp_path):
         ShardedData(tmp_path / "ok", inproc_client)
 
 
+def test_shards_placed_on_workers_by_work(inproc_client, tmp_path_factory, data):
+    """Shards go to workers in contiguous runs balanced on stored entries + rows, not on rows alone; the same
+    placement for the same manifest and workers; the fit is the in-memory one."""
+    from qkm.distributed import _balanced_slots
+
+    X = data["csr"].tolil()
+    X[:128] = np.abs(data["dense"][:128]) + 1.0  # the first shard holds most of the entries
+    X = X.tocsr()
+    directory = shards(tmp_path_factory, X, [128, 128, 64, 64, N - 384])
+    sd, again = ShardedData(directory, inproc_client), ShardedData(directory, inproc_client)
+    workers = sorted(inproc_client.scheduler_info()["workers"])
+    sd.load()
+    again.load()
+    assert sd.owners == again.owners == [workers[s] for s in _balanced_slots(sd.work(), 2)]
+    assert sd.owners == [workers[0]] + [workers[1]] * 4  # by rows alone: the first two shards on one worker
+    assert _balanced_slots(sd.sizes, 2).tolist() == [0, 0, 1, 1, 1]
+    kw = dict(n_clusters=K, random_state=2, max_iter=5, tol=0)
+    got, ref = qkm.KMeans(**kw).fit(sd), qkm.KMeans(**kw).fit(X)
+    np.testing.assert_array_equal(inproc_client.compute(got.labels_, sync=True), ref.labels_)
+    assert got.inertia_ == ref.inertia_
+
+
 # --------------------------------------------------------------------------- worker processes
 
 

@@ -23,10 +23,24 @@ def centres():
     return C
 
 
-def test_compact_pack_operator_has_the_dense_layouts(centres):
+@pytest.mark.parametrize("tile", [None, 7, 64])
+@pytest.mark.parametrize("unsorted", [False, True])
+def test_compact_pack_operator_has_the_dense_layouts(centres, tile, unsorted, monkeypatch):
+    """The C^T layouts built from the CSR in column blocks (one block, several, a ragged last one; rows with
+    unsorted indices) are those made from the dense centres."""
+    if tile is not None:
+        monkeypatch.setattr(_packs, "_tile", lambda n_clusters: tile)
     pack = _packs.compact_pack((centres, centroid_sq_norms(centres)))
     assert sp.issparse(pack[0])
-    got = _packs._SharedCSROperator(pack[0], pack[1])
+    C_csr = pack[0]
+    if unsorted:
+        C_csr = C_csr.copy()
+        for j in range(C_csr.shape[0]):
+            lo, hi = C_csr.indptr[j], C_csr.indptr[j + 1]
+            C_csr.indices[lo:hi] = C_csr.indices[lo:hi][::-1].copy()
+            C_csr.data[lo:hi] = C_csr.data[lo:hi][::-1].copy()
+        C_csr.has_sorted_indices = False
+    got = _packs._SharedCSROperator(C_csr, pack[1])
     ref = DenseOperator(_packs._unpack(pack)[0].copy(), pack[1])
     np.testing.assert_array_equal(got.column_nnz(), ref.column_nnz())
     for a, b in zip(got.sparse_transpose(), ref.sparse_transpose()):

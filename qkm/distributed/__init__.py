@@ -51,6 +51,23 @@ def _retryable():
     return (T.StateLost, FutureCancelledError, KilledWorker, CommClosedError)
 
 
+def _balanced_slots(work, n_workers):
+    """Worker slot of each shard: contiguous runs of shards, each worker's share of ``work`` as even as whole
+    shards allow (a shard goes to the slot its middle falls in).
+
+    Examples
+    --------
+    >>> _balanced_slots([4, 1, 1, 1, 1], 2).tolist()   # by work, not by shard count
+    [0, 1, 1, 1, 1]
+    """
+    work = np.asarray(work, dtype=np.float64)
+    total = float(work.sum())
+    if total <= 0:
+        work, total = np.ones_like(work), float(len(work))
+    middle = np.cumsum(work) - work / 2.0
+    return np.minimum((middle / total * n_workers).astype(np.int64), n_workers - 1)
+
+
 class ShardedData:
     """A shard directory (``qkm shard``) seen through a Dask client; pass it to ``KMeans.fit``.
 
@@ -143,14 +160,20 @@ class ShardedData:
         return {"block_rows": _config.REDUCE_BLOCK_ROWS, "dense_block_rows": _config.DENSE_BLOCK_ROWS,
                 "n_threads": self.threads_per_task, "verify": self.verify}
 
+    def work(self):
+        """Work of each nonempty shard in an iteration: stored entries plus rows (CSR), rows (dense)."""
+        if not self.sparse:
+            return self.sizes.astype(np.float64)
+        nnz = [int(self.manifest["shards"][i].get("nnz", 0)) for i in self.shards]
+        return np.asarray(nnz, dtype=np.float64) + self.sizes
+
     def _owners(self):
-        """Contiguous, row-balanced ranges of shards per worker (neighbours in the sum tree stay together)."""
+        """Contiguous ranges of shards per worker, balanced on :meth:`work` (neighbours in the sum tree stay
+        together); the same for the same workers and manifest."""
         workers = sorted(self.client.scheduler_info()["workers"])
         if not workers:
             raise SchedulerUnreachable("the Dask cluster has no workers.")
-        cum = np.cumsum(self.sizes) - self.sizes / 2.0
-        slot = np.minimum((cum / self.n_rows * len(workers)).astype(int), len(workers) - 1)
-        return [workers[s] for s in slot]
+        return [workers[s] for s in _balanced_slots(self.work(), len(workers))]
 
     def load(self):
         """Submit the shard-loading tasks once (workers read their shards themselves; never scattered)."""
@@ -279,17 +302,18 @@ class ShardedData:
                 self._refresh_owners()
 
     def _refresh_owners(self):
-        """After a loss: each shard goes to a live worker holding it, else to the live worker with fewest rows."""
+        """After a loss: each shard goes to a live worker holding it, else to the live worker with least work."""
         alive = sorted(self.client.scheduler_info()["workers"])
         if not alive:
             raise SchedulerUnreachable("the Dask cluster has no workers left.")
         who = self.client.who_has(self._futures)
-        load = {w: 0 for w in alive}
+        load = {w: 0.0 for w in alive}
+        work = self.work()
         for i, f in enumerate(self._futures):
             holders = [w for w in sorted(who.get(f.key) or ()) if w in load]
             if self.owners[i] not in load:
                 self.owners[i] = holders[0] if holders else min(load, key=load.get)
-            load[self.owners[i]] += int(self.sizes[i])
+            load[self.owners[i]] += float(work[i])
 
     def reset_traffic(self):
         self._sent = self._received = 0

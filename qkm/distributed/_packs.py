@@ -144,19 +144,31 @@ def _csr_column_nnz(indices, data, out):
             out[indices[q]] += 1
 
 
+def _tile(n_clusters):
+    """Features per column block of the sparse C^T build: the writes of a block stay in cache."""
+    return max(64, (1 << 15) // max(int(n_clusters), 1))
+
+
 @njit(**_JIT)
-def _csr_fill_transpose(indptr, indices, data, ct_ptr, ct_idx, ct_val):
-    """OUT CSR of C^T from the CSR of C: the arrays :func:`~qkm.factorization._kernels.fill_sparse_transpose`
-    makes from the dense C (rows of C^T by increasing cluster, zeros left out)."""
+def _csr_fill_transpose(indptr, indices, data, tile, ct_ptr, ct_idx, ct_val):
+    """OUT CSR of C^T from the CSR of C (sorted indices): the arrays
+    :func:`~qkm.factorization._kernels.fill_sparse_transpose` makes from the dense C (rows of C^T by increasing
+    cluster, zeros left out). Column blocks of ``tile`` features: the writes of a block stay in cache."""
+    K, D = indptr.shape[0] - 1, ct_ptr.shape[0] - 1
     fill = ct_ptr[:-1].copy()
-    for j in range(indptr.shape[0] - 1):
-        for q in range(indptr[j], indptr[j + 1]):
-            v = data[q]
-            if v != 0:
-                k = indices[q]
-                ct_idx[fill[k]] = j
-                ct_val[fill[k]] = v
-                fill[k] += 1
+    pos = indptr[:-1].copy()
+    for k1 in range(tile, D + tile, tile):
+        for j in range(K):
+            q, end = pos[j], indptr[j + 1]
+            while q < end and indices[q] < k1:
+                v = data[q]
+                if v != 0:
+                    k = indices[q]
+                    ct_idx[fill[k]] = j
+                    ct_val[fill[k]] = v
+                    fill[k] += 1
+                q += 1
+            pos[j] = q
 
 
 @njit(**_JIT)
@@ -173,6 +185,8 @@ class _SharedCSROperator(_SharedOperator):
     O(nnz) and the dense ``C`` (a pass over K x D) only when a kernel asks for it (Elkan's bounds)."""
 
     def __init__(self, C_csr, c_sq):
+        if not C_csr.has_sorted_indices:  # the blocked C^T build walks each row once, in column order
+            C_csr = C_csr.sorted_indices()
         self._csr = C_csr
         self._C = None
         self.n_clusters, self.n_features = C_csr.shape
@@ -217,7 +231,8 @@ class _SharedCSROperator(_SharedOperator):
                     np.cumsum(self.column_nnz(), out=ptr[1:])
                     idx = np.empty(ptr[-1], dtype=np.int32)
                     val = np.empty(ptr[-1], dtype=self.dtype)
-                    _csr_fill_transpose(self._csr.indptr, self._csr.indices, self._csr.data, ptr, idx, val)
+                    _csr_fill_transpose(self._csr.indptr, self._csr.indices, self._csr.data, _tile(self.n_clusters),
+                                        ptr, idx, val)
                     self._sparse_ct = (ptr, idx, val)
             return self._sparse_ct
 
