@@ -158,8 +158,10 @@ def _reference(kind, size, reps, barrier):
     return clock.record
 
 
-def worker(conn, barrier, directory, shard_ids):
+def worker(conn, barrier, directory, shard_ids, own_session):
     """Loop of one worker process: load its shards, then run the parent's commands."""
+    if own_session:  # its own session, hence its own autogroup: a fair share of the CPUs of its own
+        os.setsid()
     from qkm import _config
     from qkm._shards import read_manifest
     from qkm.distributed import _shard_tasks as T
@@ -193,7 +195,7 @@ def worker(conn, barrier, directory, shard_ids):
 class Workers:
     """Two spawned worker processes; ``run`` sends one command to some of them and waits for their answers."""
 
-    def __init__(self, directory, slots):
+    def __init__(self, directory, slots, own_sessions=False):
         import multiprocessing as mp
 
         ctx = mp.get_context("spawn")
@@ -201,7 +203,8 @@ class Workers:
         self.pipes, self.procs = [], []
         for held in slots:
             parent, child = ctx.Pipe()
-            p = ctx.Process(target=worker, args=(child, self.barrier, directory, held), daemon=True)
+            p = ctx.Process(target=worker, args=(child, self.barrier, directory, held, own_sessions),
+                            daemon=True)
             p.start()
             self.pipes.append(parent)
             self.procs.append(p)
@@ -288,7 +291,8 @@ def lloyd_table(results):
                "cpu": [med([it["procs"][w]["cpu"] for it in its]) for w in range(n)],
                "nivcsw": [med([it["procs"][w]["nivcsw"] for it in its]) for w in range(n)],
                "busy_sum": med([sum(p["busy"] for p in it["procs"]) for it in its]),
-               "cpu_sum": med([sum(p["cpu"] for p in it["procs"]) for it in its])}
+               "cpu_sum": med([sum(p["cpu"] for p in it["procs"]) for it in its]),
+               "cpus_used": med([sum(p["cpu"] for p in it["procs"]) / it["wall"] for it in its])}
         for phase in ("assign", "assign/transpose", "sums"):
             row[phase] = [med([it["procs"][w]["phases"].get(phase, 0.0) for it in its]) for w in range(n)]
         out[config] = row
@@ -308,8 +312,9 @@ def reference_table(results):
                 wall = med([r["wall"] for r in rows[m]])
                 out[kind][m] = wall
                 out[kind][m + " speedup"] = 2 * alone / wall
-                out[kind][m + " cpu/busy"] = med([p["cpu"] / p["busy"] for r in rows[m] for p in r["procs"]])
-        out[kind]["1p cpu/busy"] = med([r["procs"][0]["cpu"] / r["procs"][0]["busy"] for r in rows["1p"]])
+        for m, rs in rows.items():
+            if rs:
+                out[kind][m + " cpus used"] = med([sum(p["cpu"] for p in r["procs"]) / r["wall"] for r in rs])
     return out
 
 
@@ -317,19 +322,28 @@ def summarise(meta, refs):
     f3 = lambda v: f"{v:.3f}"  # noqa: E731
     lines = ["# Two-process ceiling of this machine for the workers' Lloyd work (no Dask)\n",
              f"Command: `{meta['command']}`  ",
-             f"Data: {meta['shape']}; per process (shards): {meta['slots']}; K = {meta['k']}, centres: "
-             f"{meta['centres']} (C nnz {meta['centres_nnz']:,}); {meta['iters']} iteration(s) per configuration "
-             f"and round, {meta['rounds']} round(s) interleaved (a, b, c, references); medians (seconds).  ",
+             (f"Data: {meta['shape']}; per process (shards): {meta['slots']}; K = {meta['k']}, centres: "
+              f"{meta['centres']} (C nnz {meta['centres_nnz']:,}); {meta['iters']} iteration(s) per configuration "
+              f"and round, " if "centres" in meta else "References only, ")
+             + f"{meta['rounds']} round(s) interleaved (a, b, c, references); medians (seconds)"
+             + ("; every worker process in a session of its own (`--own-sessions`)" if meta.get("own_sessions")
+                else "") + ".  ",
              f"Machine: {meta['cpu']}, {meta['n_cpus']} CPUs; qkm {meta['qkm']}, numba {meta['numba']}; load 1-min "
-             f"at start {meta['load_start'][0]:.1f}, at end {meta['load_end'][0]:.1f} (per configuration below).\n"]
+             f"at start {meta['load_start'][0]:.1f}, at end {meta['load_end'][0]:.1f} (per configuration below); "
+             f"kernel autogroup scheduling {meta.get('autogroup', 'unknown')}.\n"]
+    if meta.get("autogroup") == "on":
+        lines[-1] = lines[-1][:-1] + " With autogroup on, the processes of one session share one fair share of the " \
+            "CPUs against other sessions: under load 2 processes get about the CPU time of 1 (CPUs used), so only " \
+            "a run on an otherwise idle machine measures the ceiling.\n"
     table = lloyd_table(meta["lloyd"])
     if table:
         lines += ["| configuration | wall / iter | process 1 busy / cpu | process 2 busy / cpu | busy sum | cpu sum | "
-                  "assign (p1, p2) | sums (p1, p2) | invol. switches (p1, p2) |", "|---|---|---|---|---|---|---|---|---|"]
+                  "CPUs used | assign (p1, p2) | sums (p1, p2) | invol. switches (p1, p2) |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
         for config, row in table.items():
             cells = [f"{row['busy'][w]:.3f} / {row['cpu'][w]:.3f}" for w in range(len(row["busy"]))] + [""]
             lines.append(f"| {LABELS[config]} | **{row['wall']:.3f}** | {cells[0]} | {cells[1]} | "
-                         f"{f3(row['busy_sum'])} | {f3(row['cpu_sum'])} | "
+                         f"{f3(row['busy_sum'])} | {f3(row['cpu_sum'])} | {row['cpus_used']:.2f} | "
                          f"{', '.join(map(f3, row['assign']))} | {', '.join(map(f3, row['sums']))} | "
                          f"{', '.join(f'{v:.0f}' for v in row['nivcsw'])} |")
         lines.append("")
@@ -346,15 +360,16 @@ def summarise(meta, refs):
                                  f"a: {r['busy_sum'] / a['busy_sum']:.2f}, cpu sum / a: "
                                  f"{r['cpu_sum'] / a['cpu_sum']:.2f}")
     if refs:
-        lines += ["", "References (each process does the same fixed work; speed-up = 2 x alone / together; cpu/busy "
-                  "below 1: the process waited for a CPU):\n",
-                  "| reference | 1 process s | 2 pinned s | speed-up | 2 unpinned s | speed-up | cpu/busy 1p, 2p pinned, "
-                  "2p |", "|---|---|---|---|---|---|---|"]
+        lines += ["", "References (each process does the same fixed work; speed-up = 2 x alone / together; CPUs "
+                  "used = CPU time of the processes / wall time):\n",
+                  "| reference | 1 process s | 2 pinned s | speed-up | 2 unpinned s | speed-up | CPUs used 1p, 2 pinned, "
+                  "2 unpinned |", "|---|---|---|---|---|---|---|"]
         for kind, r in refs.items():
             lines.append(f"| {meta['reference_names'][kind]} | {r['1p']:.3f} | {r.get('2p-pinned', float('nan')):.3f} "
                          f"| **{r.get('2p-pinned speedup', float('nan')):.2f}x** | {r.get('2p', float('nan')):.3f} | "
-                         f"**{r.get('2p speedup', float('nan')):.2f}x** | {r['1p cpu/busy']:.2f}, "
-                         f"{r.get('2p-pinned cpu/busy', float('nan')):.2f}, {r.get('2p cpu/busy', float('nan')):.2f} |")
+                         f"**{r.get('2p speedup', float('nan')):.2f}x** | "
+                         + ", ".join(f"{r.get(m + ' cpus used', float('nan')):.2f}" for m in ("1p", "2p-pinned", "2p"))
+                         + " |")
     lines += ["", "Runs (load 1-min before / after):\n"]
     for r in meta["lloyd"]:
         lines.append(f"* round {r['round']} {LABELS[r['config']]}: " + ", ".join(f"{it['wall']:.3f}"
@@ -377,11 +392,20 @@ def main():
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--cpus", default=None, help="the two CPUs of the pinned runs (default: the first two allowed)")
     p.add_argument("--triad-mb", type=int, default=128, help="size of each triad array (>> last-level cache)")
-    p.add_argument("--triad-reps", type=int, default=10)
-    p.add_argument("--spin-reps", type=int, default=2_000_000, help="passes of the spin loop over 2 KB")
+    p.add_argument("--triad-reps", type=int, default=5)
+    p.add_argument("--spin-reps", type=int, default=10_000_000, help="passes of the spin loop over 2 KB")
     p.add_argument("--no-references", action="store_true")
+    p.add_argument("--no-lloyd", action="store_true", help="the references only")
+    p.add_argument("--own-sessions", action="store_true",
+                   help="each worker process in a session of its own (with autogroup scheduling: a CPU share each; "
+                        "shows what the shared share does under load, not the machine's ceiling)")
+    p.add_argument("--render", metavar="JSON", help="rewrite the Markdown of a saved run (JSON) and exit")
     p.add_argument("--out", default=str(BENCH_DIR / "results" / "parallel_ceiling"))
     args = p.parse_args()
+    if args.render:
+        meta = json.loads(Path(args.render).read_text())["meta"]
+        args.out = args.render[:-len(".json")]
+        return print(save(args, meta))
 
     DB = _bench_module()
     args.cache_dir = args.cache_dir or str(DB.TS.CACHE_DIR)
@@ -410,22 +434,25 @@ def main():
             "shape": f"generated {manifest['n_rows']:,} x {manifest['n_features']:,} CSR, nnz {manifest['nnz']:,}, "
                      f"{n_shards} shards", "slots": slots, "k": args.k, "iters": args.iters, "rounds": args.rounds,
             "cpu": DB.cpu_name(), "n_cpus": len(allowed), "pinned_cpus": cpus, "qkm": qkm.__version__,
-            "numba": numba.__version__, "load_start": DB.uptime_load(),
+            "numba": numba.__version__, "load_start": DB.uptime_load(), "autogroup": autogroup(),
+            "own_sessions": args.own_sessions,
             "reference_names": {"triad": f"triad `a[:] = b + s * c`, {args.triad_mb} MB arrays x {args.triad_reps}",
                                 "spin": f"spin: numba loop over 2 KB x {args.spin_reps}"},
             "lloyd": [], "references": []}
     print(f"[{time.strftime('%H:%M:%S')}] starting 2 workers, shards {slots}, load {meta['load_start']}", flush=True)
-    workers = Workers(directory, [[i for held in slots for i in held], slots[1]])
+    workers = Workers(directory, [[] for _ in slots] if args.no_lloyd else
+                      [[i for held in slots for i in held], slots[1]], args.own_sessions)
     try:
-        C0 = np.ascontiguousarray(np.load(inits[f"generated:{args.k}"]), dtype=np.float64)
-        init, step1, C1 = step1_pack(workers, C0, [i for held in slots for i in held])
-        pack = step1 if args.centres == "step1" else init
-        meta["centres"] = ("means after one Lloyd step from the initial centres" if args.centres == "step1"
-                           else "the initial centres (k-means++ on a sample)")
-        meta["centres_nnz"] = int(np.count_nonzero(C1 if args.centres == "step1" else C0))
-        run_lloyd(workers, "c", pack, slots, 1, cpus)  # warm-up: kernels of both processes, the pack's sizes
+        if not args.no_lloyd:
+            C0 = np.ascontiguousarray(np.load(inits[f"generated:{args.k}"]), dtype=np.float64)
+            init, step1, C1 = step1_pack(workers, C0, [i for held in slots for i in held])
+            pack = step1 if args.centres == "step1" else init
+            meta["centres"] = ("means after one Lloyd step from the initial centres" if args.centres == "step1"
+                               else "the initial centres (k-means++ on a sample)")
+            meta["centres_nnz"] = int(np.count_nonzero(C1 if args.centres == "step1" else C0))
+            run_lloyd(workers, "c", pack, slots, 1, cpus)  # warm-up: kernels of both processes, the pack's sizes
         for rnd in range(args.rounds):
-            for config in CONFIGS:
+            for config in () if args.no_lloyd else CONFIGS:
                 load0 = DB.uptime_load()
                 its = run_lloyd(workers, config, pack, slots, args.iters, cpus)
                 meta["lloyd"].append({"round": rnd + 1, "config": config, "iterations": its,
@@ -437,14 +464,25 @@ def main():
                     size = args.triad_mb << 20 if kind == "triad" else 2048
                     reps = args.triad_reps if kind == "triad" else args.spin_reps
                     for mode in ("1p", "2p-pinned", "2p"):
+                        load0 = DB.uptime_load()
                         r = run_reference(workers, kind, mode, size, reps, cpus)
-                        meta["references"].append(dict(r, kind=kind, mode=mode, round=rnd + 1))
+                        meta["references"].append(dict(r, kind=kind, mode=mode, round=rnd + 1,
+                                                       load=[load0, DB.uptime_load()]))
                 print(f"[{time.strftime('%H:%M:%S')}] round {rnd + 1} references: {reference_table(meta['references'])}",
                       flush=True)
             save(args, dict(meta, load_end=DB.uptime_load()))  # after every round: a partial run leaves results
     finally:
         workers.close()
     print(save(args, dict(meta, load_end=DB.uptime_load())))
+
+
+def autogroup():
+    """Linux autogroup scheduling (CPU shared fairly between sessions first): "on", "off" or "unknown"."""
+    try:
+        with open("/proc/sys/kernel/sched_autogroup_enabled") as fh:
+            return "on" if fh.read().strip() == "1" else "off"
+    except OSError:
+        return "unknown"
 
 
 def save(args, meta):
