@@ -334,7 +334,9 @@ def summarise(meta, refs):
     if meta.get("autogroup") == "on":
         lines[-1] = lines[-1][:-1] + " With autogroup on, the processes of one session share one fair share of the " \
             "CPUs against other sessions: under load 2 processes get about the CPU time of 1 (CPUs used), so only " \
-            "a run on an otherwise idle machine measures the ceiling.\n"
+            "a run on an otherwise idle machine measures the ceiling" + \
+            (" (here each worker process had a session, so a share, of its own).\n" if meta.get("own_sessions")
+             else ".\n")
     table = lloyd_table(meta["lloyd"])
     if table:
         lines += ["| configuration | wall / iter | process 1 busy / cpu | process 2 busy / cpu | busy sum | cpu sum | "
