@@ -322,7 +322,9 @@ def summarise(meta, refs):
     f3 = lambda v: f"{v:.3f}"  # noqa: E731
     lines = ["# Two-process ceiling of this machine for the workers' Lloyd work (no Dask)\n",
              f"Command: `{meta['command']}`  ",
-             (f"Data: {meta['shape']}; per process (shards): {meta['slots']}; K = {meta['k']}, centres: "
+             (f"Data: {meta['shape']}; per process (shards): {meta['slots']}"
+              + (f" (stored entries + rows: a/b at most {meta['ideal']:.2f}x without contention)" if "ideal" in meta
+                 else "") + f"; K = {meta['k']}, centres: "
               f"{meta['centres']} (C nnz {meta['centres_nnz']:,}); {meta['iters']} iteration(s) per configuration "
               f"and round, " if "centres" in meta else "References only, ")
              + f"{meta['rounds']} round(s) interleaved (a, b, c, references); medians (seconds)"
@@ -434,7 +436,8 @@ def main():
 
     meta = {"command": " ".join([".venv/bin/python", "benchmarks/parallel_ceiling.py"] + sys.argv[1:]),
             "shape": f"generated {manifest['n_rows']:,} x {manifest['n_features']:,} CSR, nnz {manifest['nnz']:,}, "
-                     f"{n_shards} shards", "slots": slots, "k": args.k, "iters": args.iters, "rounds": args.rounds,
+                     f"{n_shards} shards", "slots": slots,
+            "ideal": sum(work) / max(sum(work[i] for i in held) for held in slots), "k": args.k, "iters": args.iters, "rounds": args.rounds,
             "cpu": DB.cpu_name(), "n_cpus": len(allowed), "pinned_cpus": cpus, "qkm": qkm.__version__,
             "numba": numba.__version__, "load_start": DB.uptime_load(), "autogroup": autogroup(),
             "own_sessions": args.own_sessions,
