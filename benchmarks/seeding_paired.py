@@ -12,7 +12,8 @@ Lloyd, unless the cap is hit, which the report counts). It reports, per
 method, the seeding cost and the final cost, and per pair (method / reference)
 the per-seed ratio of final costs: mean, sd, median, a bootstrap 95 %
 interval of the mean ratio (10,000 resamples of the seeds), Wilcoxon's
-signed-rank test on the paired final costs, and how often both runs end in
+signed-rank test on the paired final costs, a sign test (how often the
+method ends lower than the reference), and how often both runs end in
 the same local optimum (final costs equal to 1e-9 relative).
 
 Rerun (from the repository root)::
@@ -78,7 +79,7 @@ def measure(X, data, K, method, seed, args):
 # --------------------------------------------------------------------------- statistics
 def paired(rows, method, ref, key="final_cost", n_boot=10000):
     """Per-seed ratio ``method / ref`` of ``key`` over the seeds both have."""
-    from scipy.stats import wilcoxon
+    from scipy.stats import binomtest, wilcoxon
 
     a = {r["seed"]: r[key] for r in rows if r["method"] == method}
     b = {r["seed"]: r[key] for r in rows if r["method"] == ref}
@@ -89,14 +90,18 @@ def paired(rows, method, ref, key="final_cost", n_boot=10000):
     ratio = x / y
     boot = np.random.RandomState(0).randint(len(seeds), size=(n_boot, len(seeds)))
     means = ratio[boot].mean(axis=1)
+    medians = np.median(ratio[boot], axis=1)
     same = np.abs(x - y) <= SAME * np.maximum(np.abs(x), np.abs(y))
     diff = x - y
     p = float(wilcoxon(x[~same], y[~same]).pvalue) if np.count_nonzero(~same) >= 6 else float("nan")
+    lower, higher = int(np.sum((diff < 0) & ~same)), int(np.sum((diff > 0) & ~same))
+    sign_p = float(binomtest(lower, lower + higher).pvalue) if lower + higher else float("nan")
     return {"n": len(seeds), "mean": float(ratio.mean()), "sd": float(ratio.std(ddof=1)) if len(seeds) > 1 else 0.0,
             "median": float(np.median(ratio)), "ci95": [float(np.percentile(means, 2.5)),
                                                         float(np.percentile(means, 97.5))],
-            "wilcoxon_p": p, "same": int(same.sum()), "lower": int(np.sum((diff < 0) & ~same)),
-            "higher": int(np.sum((diff > 0) & ~same)), "mean_of_costs_ratio": float(x.mean() / y.mean())}
+            "median_ci95": [float(np.percentile(medians, 2.5)), float(np.percentile(medians, 97.5))],
+            "wilcoxon_p": p, "sign_p": sign_p, "same": int(same.sum()), "lower": lower, "higher": higher,
+            "mean_of_costs_ratio": float(x.mean() / y.mean())}
 
 
 def optima(rows, method):
@@ -145,8 +150,8 @@ def report(out, meta, rows):
                      f"{_ms([r['lloyd_s'] for r in sel], 3)} |")
     lines += ["", "## Paired by seed index: per-seed ratio method / reference", "",
               "| method / reference | seeds | seeding cost ratio mean | final ratio mean | sd | median | "
-              "bootstrap 95 % CI of mean | Wilcoxon p (unequal pairs) | same optimum | lower | higher |",
-              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+              "bootstrap 95 % CI of mean | of median | Wilcoxon p (unequal pairs) | same optimum | lower | higher | "
+              "sign test p |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     pairs = {}
     refs = [m for m in methods if not m.startswith("d2-seeding")]
     for m in methods:
@@ -160,7 +165,8 @@ def report(out, meta, rows):
             pairs[f"{m} / {ref}"] = {"final": st, "seeding": sc}
             lines.append(f"| {sb._cell(m)} / {sb._cell(ref)} | {st['n']} | {sc['mean']:.3f} | {st['mean']:.5f} | "
                          f"{st['sd']:.4f} | {st['median']:.5f} | [{st['ci95'][0]:.5f}, {st['ci95'][1]:.5f}] | "
-                         f"{st['wilcoxon_p']:.3g} | {st['same']} | {st['lower']} | {st['higher']} |")
+                         f"[{st['median_ci95'][0]:.5f}, {st['median_ci95'][1]:.5f}] | {st['wilcoxon_p']:.3g} | "
+                         f"{st['same']} | {st['lower']} | {st['higher']} | {st['sign_p']:.3g} |")
     lines += ["", "## Local optima reached (final cost: times)", ""]
     for m in methods:
         lines.append(f"- {sb._cell(m)}: " + ", ".join(f"{c:.7g}: {n}" for c, n in summary[m]["optima"]))
