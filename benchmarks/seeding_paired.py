@@ -22,8 +22,7 @@ Rerun (from the repository root)::
 
 Methods are ``seeding.py``'s names (``k-means++`` is plain k-means++,
 ``greedy k-means++`` has ``2 + floor(log2 K)`` candidates per step,
-``d2-seeding N=10k`` ...), optionally followed by ``pick=P`` for the
-D^2-seeding's choice of centre (see ``qkm.clustering._seeding.d2_seeding``).
+``d2-seeding N=10k`` ...); datasets are its ``DATASETS``.
 """
 
 import argparse
@@ -52,21 +51,12 @@ DEFAULT_METHODS = "d2-seeding N=10k,k-means++,greedy k-means++"
 SAME = 1e-9  # relative difference of final costs below which two runs reached the same local optimum
 
 
-def seeding_for(method, K):
-    """``seeding.py``'s seeding of a method name, with an optional `` pick=P`` suffix for D^2-seeding."""
-    import dataclasses
-
-    base, _, pick = method.partition(" pick=")
-    seeding = sb.seeding_of(base, K)
-    return dataclasses.replace(seeding, d2_pick=pick) if pick else seeding
-
-
 def measure(X, data, K, method, seed, args):
     import qkm
     from qkm.clustering._seeding import run_seeding
 
     load_before = os.getloadavg()[0]
-    seeds = run_seeding(seeding_for(method, K), data, K, np.random.RandomState(seed))
+    seeds = run_seeding(sb.seeding_of(method, K), data, K, np.random.RandomState(seed))
     km = qkm.KMeans(K, init=seeds.centers, n_init=1, max_iter=args.max_iter, tol=args.tol,
                     algorithm=args.algorithm, n_jobs=args.threads)
     t = time.perf_counter()

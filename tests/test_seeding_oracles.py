@@ -98,30 +98,3 @@ def test_sampled_seeding_cost_is_measured_on_all_rows(blobs):
     seeds = run_seeding(Seeding("d2-seeding", init_sample=15), KMeansData(X), 5, np.random.RandomState(0))
     assert seeds.n_seeded_rows < X.shape[0]
     np.testing.assert_allclose(seeds.cost, naive.potential(X, seeds.centers), rtol=1e-9)
-
-
-@pytest.mark.parametrize("container", ["dense", "csr"])
-@pytest.mark.parametrize("pick", ["mean", "medoid", "d2"])
-def test_d2_seeding_picks_give_k_distinct_centres_their_naive_potential_and_repeat(blobs, container, pick):
-    import numba
-
-    from qkm._threads import numba_threads
-
-    X = check_data(blobs[0] if container == "dense" else _integer_sparse())
-    runs = []
-    for threads in (1, min(2, numba.config.NUMBA_NUM_THREADS)):
-        with numba_threads(threads):
-            runs.append(d2_seeding(KMeansData(X), 8, np.random.RandomState(5), 40, pick=pick))
-    (centers, cost), again = runs
-    np.testing.assert_array_equal(centers, again[0])  # reproducible, and the same for 1 and 2 threads
-    assert cost == again[1]
-    assert np.unique(centers, axis=0).shape[0] == 8
-    np.testing.assert_allclose(cost, naive.potential(X, centers), rtol=1e-9)
-    if pick == "medoid":  # every centre is a row of X
-        rows = naive.dense(X)
-        assert all((rows == c).all(axis=1).any() for c in centers)
-    else:  # a weighted mean of sampled rows: inside their bounding box
-        rows = naive.dense(X)
-        assert np.all(centers >= rows.min(axis=0) - 1e-12) and np.all(centers <= rows.max(axis=0) + 1e-12)
-    with pytest.raises(ValueError, match="pick must be one of"):
-        d2_seeding(KMeansData(X), 3, np.random.RandomState(0), 10, pick="centroid")

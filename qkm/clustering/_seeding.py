@@ -57,17 +57,15 @@ SAMPLE_LLOYD_ITER = 10
 #: steps (counting FLAT_ITERS Lloyd iterations), else into 2 + log2 K groups; see _flat_is_affordable.
 FLAT_BUDGET = 10
 FLAT_ITERS = 4
-#: How D^2-seeding takes the next centre from the clustered sample (d2_seeding's ``pick``).
-PICKS = ("mean", "medoid", "d2")
 
 
 @dataclasses.dataclass(frozen=True)
 class Seeding:
     """A validated seeding request: the estimators' init parameters (see :func:`qkm.clustering._base.seeding_of`).
 
-    ``n_local_trials`` (k-means++ candidates per step, 1 = plain),
-    ``d2_groups`` and ``d2_pick`` (see :func:`d2_seeding`) are not estimator
-    parameters; the benchmarks set them.
+    ``n_local_trials`` (k-means++ candidates per step, 1 = plain) and
+    ``d2_groups`` (see :func:`d2_seeding`) are not estimator parameters; the
+    benchmark sets them.
     """
 
     init: object = "k-means++"
@@ -77,7 +75,6 @@ class Seeding:
     init_sample: float = None
     n_local_trials: int = None
     d2_groups: str = "auto"
-    d2_pick: str = "mean"
 
 
 @dataclasses.dataclass
@@ -133,8 +130,7 @@ def run_seeding(seeding, data, n_clusters, rng, sparse_centers=False):
     elif seeding.init == "k-means++":
         centers, _, cost = kmeans_plusplus(target, n_clusters, rng, seeding.n_local_trials, return_potential=True)
     elif seeding.init == "d2-seeding":
-        centers, cost = d2_seeding(target, n_clusters, rng, seeding.d2_samples, seeding.d2_groups, sparse_centers,
-                                   seeding.d2_pick)
+        centers, cost = d2_seeding(target, n_clusters, rng, seeding.d2_samples, seeding.d2_groups, sparse_centers)
     elif seeding.init == "k-means||":
         centers = kmeans_parallel([KMParChunk(target)], n_clusters, rng, seeding.oversampling_factor,
                                   seeding.init_rounds, n_local_trials=seeding.n_local_trials,
@@ -181,7 +177,7 @@ def geometric_sample(n, size, rng):
 # --------------------------------------------------------------------------- #
 # D^2-seeding
 # --------------------------------------------------------------------------- #
-def d2_seeding(data, n_clusters, rng, n_samples=None, groups="auto", sparse_centers=False, pick="mean"):
+def d2_seeding(data, n_clusters, rng, n_samples=None, groups="auto", sparse_centers=False):
     """D^2-seeding (see the module docstring).
 
     Parameters
@@ -201,12 +197,6 @@ def d2_seeding(data, n_clusters, rng, n_samples=None, groups="auto", sparse_cent
         point joins.
     sparse_centers : bool, default=False
         CSR data: the centres as CSR rows (never a ``K x D`` array).
-    pick : {"mean", "medoid", "d2"}, default="mean"
-        The next centre: "mean", the weighted mean of the largest group (by
-        draws; the supplement); "medoid", the member of that group nearest
-        to its mean; "d2", the mean of the group whose distinct rows carry
-        the most D^2 (their summed distances to the centres so far; by
-        draws in the first step).
 
     Returns
     -------
@@ -228,8 +218,6 @@ def d2_seeding(data, n_clusters, rng, n_samples=None, groups="auto", sparse_cent
         rank = np.empty_like(order)
         rank[order] = np.arange(order.shape[0])
         ranks = (order, rank)
-    if pick not in PICKS:
-        raise ValueError(f"pick must be one of {PICKS}; got {pick!r}.")
     for step in range(n_clusters):
         if step == 0:
             draws = rng.randint(n, size=N)
@@ -239,18 +227,13 @@ def d2_seeding(data, n_clusters, rng, n_samples=None, groups="auto", sparse_cent
         rows, counts = np.unique(draws, return_counts=True)
         sample = SampleLayout(data, rows, counts.astype(np.float64),
                          closest[rows] if groups != "k" else np.full(rows.shape[0], np.inf), ranks=ranks)
-        # weight, centre (transposed column), seed row, medoid row of the heaviest group so far
-        best = [0.0, None, 0, None]
-        leaf_pick = "mean" if pick == "d2" and step == 0 else pick
+        best = [0.0, None, 0]  # weight, centre (transposed column), seed row of the heaviest group so far
         if groups == "tree":
-            _heaviest_leaf(sample, n_clusters, m, rng, best, pick=leaf_pick)
+            _heaviest_leaf(sample, n_clusters, m, rng, best)
         else:
             n_groups = {"k": n_clusters, "flat": n_clusters, "few": m}.get(groups, groups)
-            _heaviest_leaf(sample, n_groups, n_groups, rng, best, recurse=False, pick=leaf_pick)
-        if pick == "medoid":
-            center = _rows(data.X, np.array([rows[best[3]]]))[0]
-        else:
-            center = sample.expand(best[1], data.n_features).astype(data.dtype)
+            _heaviest_leaf(sample, n_groups, n_groups, rng, best, recurse=False)
+        center = sample.expand(best[1], data.n_features).astype(data.dtype)
         if not _lower_to_center(data, center, step, closest, nearest):
             # the mean helps no point (it sits on an existing centre): take the group's seed row
             center = _rows(data.X, np.array([rows[best[2]]]))[0]
@@ -333,31 +316,21 @@ def _cluster(sample, n_groups, rng):
     return labels, GT, totals, seeds, sse
 
 
-def _heaviest_leaf(sample, target, n_groups, rng, best, recurse=True, pick="mean"):
+def _heaviest_leaf(sample, target, n_groups, rng, best, recurse=True):
     """Split ``sample`` into ``min(n_groups, ceil(target))`` groups, each child into its share of
-    ``target`` leaves, and so on; ``best`` = [weight, centre, seed row, medoid row] of the heaviest leaf.
+    ``target`` leaves, and so on; ``best`` = [weight, centre, seed row] of the heaviest leaf.
 
     Children are visited heaviest first and never when lighter than the best
     leaf so far (a leaf weighs at most its parent), so most of the tree is
     never built. ``recurse=False`` is a flat clustering into ``min(n_groups, target)`` groups.
-    A group weighs its draws, or (``pick="d2"``) the summed D^2 of its
-    distinct rows; ``pick="medoid"`` also finds the leaf's member nearest to
-    its mean (else the medoid row stays None).
     """
     labels, GT, totals, seeds, sse = _cluster(sample, int(min(n_groups, max(np.ceil(target), 1))), rng)
-    inside = labels >= 0
-    weight = (np.bincount(labels[inside], weights=sample.outside[inside], minlength=totals.shape[0])
-              if pick == "d2" else totals)
-    for c in np.argsort(-weight, kind="stable"):
-        if weight[c] <= best[0]:
+    for c in np.argsort(-totals, kind="stable"):
+        if totals[c] <= best[0]:
             break
         members = np.flatnonzero(labels == c)
         share = target * sse[c] / sse.sum() if sse.sum() > 0 else 0.0
         if recurse and share > 1 and members.shape[0] > 1:
-            _heaviest_leaf(sample.subset(members), share, n_groups, rng, best, recurse, pick)
+            _heaviest_leaf(sample.subset(members), share, n_groups, rng, best, recurse)
         else:  # a leaf
-            medoid = None
-            if pick == "medoid":
-                dist = sample.x_sq[members] - 2.0 * (sample.X[members] @ GT[:, c])  # + ||g||^2, alike for all
-                medoid = int(sample.ids[members[np.argmin(dist)]])
-            best[:] = [weight[c], GT[:, c].copy(), int(sample.ids[seeds[c]]), medoid]
+            best[:] = [totals[c], GT[:, c].copy(), int(sample.ids[seeds[c]])]
