@@ -38,19 +38,11 @@ import os
 import sys
 
 
-def _pin_threads(argv):
-    threads = "1"
-    for i, a in enumerate(argv):
-        if a == "--threads" and i + 1 < len(argv):
-            threads = argv[i + 1]
-        elif a.startswith("--threads="):
-            threads = a.split("=", 1)[1]
-    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS"):
-        os.environ[var] = threads
-
-
 if __name__ == "__main__":
-    _pin_threads(sys.argv)  # before numpy is imported
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from _machine import pin_threads
+
+    pin_threads(sys.argv)  # before numpy is imported
 
 import gzip  # noqa: E402
 import json  # noqa: E402
