@@ -117,7 +117,8 @@ def main():
             np.save(f"{args.save_centers}_{seed}.npy", C)
         rows.append(dict(seed=seed, total=total, load=load, times=dict(TIMES), calls=dict(CALLS)))
         print(f"seed {seed}: {total:.2f} s (load {load:.2f}), checksum {float(abs(C).sum()):.12g}", flush=True)
-    labels = sorted({k for r in rows for k in r["times"]}, key=lambda k: -np.median([r["times"].get(k, 0) for r in rows]))
+    labels = sorted({k for r in rows for k in r["times"]},
+                    key=lambda k: -np.median([r["times"].get(k, 0) for r in rows]))
     med_total = float(np.median([r["total"] for r in rows]))
     print(f"\nmedian over {len(rows)} seeds, threads {args.threads}: total {med_total:.2f} s")
     for k in labels:
