@@ -44,12 +44,8 @@ ELKAN_FULL_PASS_FRACTION = 0.25
 SEEDING_DENSE_TERM_FRACTION = 0.1
 
 #: Seedings: dots of CSR rows with a block of B sparse centres are formed for at
-#: most this many (row, centre) pairs at a time (rows per pass: this // B, at
-#: least CHUNK_SIZE, at most DENSE_BLOCK_ROWS). ~1,000 rows per pass for a
-#: k-means|| round of 1,000 candidates: its dense slab and dots stay in cache
-#: (a round on the 20 Newsgroups tf-idf ~10 % faster than with 4,096 rows,
-#: benchmarks/kmpar_phases.py; the same dots: each row's are summed alone).
-SEEDING_DOTS_BLOCK = 1 << 20
+#: most this many (row, centre) pairs at a time (rows per pass: this // B).
+SEEDING_DOTS_BLOCK = 1 << 22
 
 #: k-means|| recluster: the weighted k-means++ on the m candidates reads their
 #: Gram matrix (one hybrid product) while it takes at most this many bytes
