@@ -130,13 +130,32 @@ def _scan_heads(u, rq0, probe, n_probe, offsets, coords_t, h, codec, resid, s_bu
         for r in range(n_p):
             acc[r] = 0.0
         base = m * lo
-        if plain:
-            for j in range(h):
+        if plain:  # four coordinates per pass over the rows (the same additions, in the same order)
+            j = 0
+            while j + 4 <= h:
+                u0 = u[j]
+                u1 = u[j + 1]
+                u2 = u[j + 2]
+                u3 = u[j + 3]
+                b0 = base + j * n_c
+                col0 = coords_t[b0:b0 + n_p]
+                col1 = coords_t[b0 + n_c:b0 + n_c + n_p]
+                col2 = coords_t[b0 + 2 * n_c:b0 + 2 * n_c + n_p]
+                col3 = coords_t[b0 + 3 * n_c:b0 + 3 * n_c + n_p]
+                for r in range(n_p):
+                    d0 = u0 - np.float32(col0[r])
+                    d1 = u1 - np.float32(col1[r])
+                    d2 = u2 - np.float32(col2[r])
+                    d3 = u3 - np.float32(col3[r])
+                    acc[r] = (((acc[r] + d0 * d0) + d1 * d1) + d2 * d2) + d3 * d3
+                j += 4
+            while j < h:
                 uj = u[j]
                 col = coords_t[base + j * n_c:base + j * n_c + n_p]
                 for r in range(n_p):
                     d = uj - np.float32(col[r])
                     acc[r] += d * d
+                j += 1
         else:
             for j in range(h):
                 uj = u[j]
@@ -444,3 +463,26 @@ def search(Q, qdata, qind, qptr, sparse, given, own, nprobe, ix, h, block, nmax,
     for i in range(out_d.shape[0]):
         _one(i, Q, qdata, qind, qptr, sparse, given, own, nprobe, ix, h, block, nmax, ztail, work, buf,
              out_d, out_i)
+
+
+_ROW_NO_DATA = np.zeros(0, dtype=np.float64)
+_ROW_NO_INDICES = np.zeros(0, dtype=np.int32)
+_ROW_NO_PTR = np.zeros(2, dtype=np.int64)
+_ROW_NO_GIVEN = np.zeros((1, 1), dtype=np.float64)
+_ROW_NO_TAIL = np.zeros((0, 0), dtype=np.float64)
+
+
+@njit(**_JIT)
+def search_row(x, ix, nprobe, h, block, nmax, cap, k):
+    """One dense query ``x`` (1, D) float32 or float64 in the index's own lists: :func:`search` in one lean call.
+
+    The buffers and the answer are allocated here (fewer arguments to pass
+    than :func:`search` takes, no copy of ``x``: it is read as float64
+    exactly as a float64 copy would be). Returns ``(out_d, out_i)`` (1, k).
+    """
+    out_d = np.empty((1, k))
+    out_i = np.empty((1, k), dtype=np.int64)
+    work, buf = _workspace(cap, ix, k, False)
+    _one(0, x, _ROW_NO_DATA, _ROW_NO_INDICES, _ROW_NO_PTR, False, _ROW_NO_GIVEN, True, nprobe, ix, h, block, nmax,
+         _ROW_NO_TAIL, work, buf, out_d, out_i)
+    return out_d, out_i
