@@ -48,6 +48,7 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--ref", default="main", help="git ref of the A side")
     p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--k", default="1,10", help="neighbours per query, comma-separated")
     from _ann_peers import add_batch_study_args
     add_batch_study_args(p, REPO)
     args = p.parse_args()
@@ -79,26 +80,30 @@ def main():
     load_before = [round(v, 2) for v in os.getloadavg()]
     out = {}
     with numba_threads(1):
-        for k in (1, 10):
+        for k in [int(v) for v in args.k.split(",")]:
             for x in singles:
                 a, b = old.query(x, k), new.query(x, k)
                 assert np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1]), "answers differ"
             lat = {s: np.empty((args.rounds, len(singles))) for s in sides}
+            cpu = {s: np.empty((args.rounds, len(singles))) for s in sides}
             loads = []
             for r in range(args.rounds):
                 order = list(sides.items()) if r % 2 == 0 else list(sides.items())[::-1]
                 for i, x in enumerate(singles):
                     for name, index in order:
-                        t = time.perf_counter()
+                        t, c = time.perf_counter(), time.thread_time()
                         index.query(x, k)
                         lat[name][r, i] = time.perf_counter() - t
+                        cpu[name][r, i] = time.thread_time() - c
                 loads.append([round(v, 2) for v in os.getloadavg()])
             ratio = lat[b_name] / lat[a_name]
             out[k] = dict(sides={s: dict(p50_us=float(np.median(v) * 1e6), p90_us=float(np.percentile(v, 90) * 1e6),
                                          p99_us=float(np.percentile(v, 99) * 1e6),
-                                         round_p50_us=[float(np.median(row) * 1e6) for row in v])
+                                         round_p50_us=[float(np.median(row) * 1e6) for row in v],
+                                         cpu_p50_us=float(np.median(cpu[s]) * 1e6))
                                  for s, v in lat.items()},
-                          ratio_p50=float(np.median(ratio)), loads=loads)
+                          ratio_p50=float(np.median(ratio)),
+                          cpu_ratio_p50=float(np.median(cpu[b_name] / np.maximum(cpu[a_name], 1e-9))), loads=loads)
             print(k, json.dumps(out[k]), flush=True)
     result = dict(command="python benchmarks/ann_single_ab.py " + " ".join(sys.argv[1:]), ref=args.ref,
                   ref_commit=ref_commit, head=head, n_indexed=int(X.shape[0]), n_lists=int(new.n_lists_),
@@ -115,13 +120,14 @@ def main():
                  f"checked identical. A = `{args.ref}` ({ref_commit}), B = this checkout ({b_name[7:-1]}). Load average "
                  f"before {load_before} (2 shared cores): absolute latencies are disturbed by other jobs; the "
                  "ratio B / A, measured query by query side by side, is what counts.", "",
-                 "| k | side | p50 us | p90 us | p99 us | p50 per round us | median B/A per query | load after rounds |",
-                 "|---" * 8 + "|"]
+                 "| k | side | p50 us | p90 us | p99 us | p50 per round us | thread CPU p50 us | median B/A per query "
+                 "(wall, CPU) | load after rounds |",
+                 "|---" * 9 + "|"]
         for k, v in out.items():
             for s, w in v["sides"].items():
                 lines.append(f"| {k} | {s} | {w['p50_us']:.1f} | {w['p90_us']:.1f} | {w['p99_us']:.1f} | "
-                             f"{', '.join(f'{x:.0f}' for x in w['round_p50_us'])} | "
-                             f"{v['ratio_p50']:.3f} | {v['loads'][-1]} |")
+                             f"{', '.join(f'{x:.0f}' for x in w['round_p50_us'])} | {w['cpu_p50_us']:.1f} | "
+                             f"{v['ratio_p50']:.3f}, {v['cpu_ratio_p50']:.3f} | {v['loads'][-1]} |")
         Path(args.out + ".md").write_text("\n".join(lines) + "\n")
 
 

@@ -104,6 +104,57 @@ async def baseline_app(scope, receive, send):
     await send({"type": "http.response.body", "body": b"{}"})
 
 
+#: Environment variable naming the model file ``floor_app`` answers from (a ``.qkm`` with an index).
+FLOOR_MODEL_ENV = "QKM_FLOOR_MODEL"
+_floor = {}
+
+
+def _floor_load():
+    """Load the model named by ``QKM_FLOOR_MODEL`` and run its index's query once (numba's compiled code)."""
+    from qkm.export import load_model
+
+    index = load_model(os.environ[FLOOR_MODEL_ENV]).index
+    index.query(np.zeros((1, index.n_features_in_), dtype=np.float32))
+    _floor["query"] = index.query
+
+
+async def floor_app(scope, receive, send):
+    """The least an HTTP service can do for one JSON row of ``/search``, on the same uvicorn as ``qkm serve``.
+
+    A ``POST`` body ``{"instances": [[...]]}`` is read, parsed by ``orjson.loads``, turned into a float32
+    array by ``np.asarray`` and answered by the index's single-query call (``index.query``) as
+    ``orjson.dumps({"indices": ..., "distances": ...})``: no validation, no limits, no metrics, no error
+    handling. Any other request gets ``{}`` (the readiness probe). The model is loaded at start-up (ASGI
+    lifespan) from the file named by ``QKM_FLOOR_MODEL``.
+    """
+    if scope["type"] == "lifespan":
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                _floor_load()
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+    if scope["type"] != "http":
+        return
+    import orjson
+
+    body, more = b"", True
+    while more:
+        message = await receive()
+        body += message.get("body", b"")
+        more = message.get("more_body", False)
+    if scope["method"] == "POST":
+        distances, indices = _floor["query"](np.asarray(orjson.loads(body)["instances"], dtype=np.float32))
+        body = orjson.dumps({"indices": indices, "distances": distances}, option=orjson.OPT_SERIALIZE_NUMPY)
+    else:
+        body = b"{}"
+    await send({"type": "http.response.start", "status": 200,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
+
+
 def wait_ready(proc, url, path, log_path):
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline:
@@ -120,14 +171,19 @@ def wait_ready(proc, url, path, log_path):
     raise RuntimeError(f"server not ready in time; see {log_path}")
 
 
-def start_baseline(port, cpus, log_path):
-    cmd = [sys.executable, "-m", "uvicorn", "serve_load:baseline_app", "--app-dir", str(REPO / "benchmarks"),
+def start_baseline(port, cpus, log_path, app="baseline_app", model=None):
+    """The bare app (or ``app="floor_app"`` answering from ``model``) on uvicorn, pinned to ``cpus``, ready."""
+    cmd = [sys.executable, "-m", "uvicorn", f"serve_load:{app}", "--app-dir", str(REPO / "benchmarks"),
            "--port", str(port), "--no-access-log", "--log-level", "warning"]
     preexec = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
+    env = None if model is None else {**os.environ, FLOOR_MODEL_ENV: str(model)}
     proc = subprocess.Popen(cmd, stdout=open(log_path, "wb"), stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                            preexec_fn=preexec)
+                            preexec_fn=preexec, env=env)
     wait_ready(proc, f"http://127.0.0.1:{port}", "/", log_path)
+    if model is not None:
+        cmd = [f"{FLOOR_MODEL_ENV}={model}", *cmd]
     return proc, cmd
+
 
 def free_port():
     with socket.socket() as s:
