@@ -320,6 +320,11 @@ def _search_query(z, nq, xq, qdata, qind, qlo, qhi, sparse, pd, nprobe, ix, h, b
         for t in range(n_first):
             for j in range(0, rows.shape[1], line):
                 _prefetch(rows, pos_buf[first[t]], j)
+    if m_tail > 0:
+        for t in range(n_first):
+            for j in range(0, min(block, m_tail), 64 // tail.itemsize):
+                _prefetch(tail, pos_buf[first[t]], j)
+            _prefetch(resid, pos_buf[first[t]], 1)
     queued = 0
     n_steps = n_first  # the first k rows; then the rows still in reach once they are done
     gathered = False
@@ -353,8 +358,10 @@ def _search_query(z, nq, xq, qdata, qind, qlo, qhi, sparse, pd, nprobe, ix, h, b
         i = first[step] if early else cand[step - n_first]
         ahead = step + PREFETCH_AHEAD
         if m_tail > 0 and n_first <= ahead < n_steps:
+            pa = pos_buf[cand[ahead - n_first]]
             for t in range(0, min(block, m_tail), 64 // tail.itemsize):  # a coming candidate's first block
-                _prefetch(tail, pos_buf[cand[ahead - n_first]], t)
+                _prefetch(tail, pa, t)
+            _prefetch(resid, pa, 1)  # and its residual there (a line of its own: resid is stored by columns)
         step += 1
         v = lb_buf[i]
         if v < 0.0 or v > thr:  # done already, or out of reach
