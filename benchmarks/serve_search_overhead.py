@@ -233,7 +233,9 @@ def report(args, commands, model, summary, rows, load_at_start, in_process=None)
     if in_process:
         lines += ["", f"In-process (`_asgi_in_process.py`: the ASGI app called directly, no sockets, pinned to CPU 0; "
                       f"{args.in_process} requests per endpoint and round, {args.rounds} rounds in each of two runs "
-                      "per checkout, order new, ref, ref, new): server CPU per one-JSON-row request, median (range).",
+                      f"per checkout, order {', '.join([*in_process, *list(in_process)[::-1]])}; `floor /search`: "
+                      "`serve_load.floor_app` on the same bodies in the same rounds): server CPU per one-JSON-row "
+                      "request, median (range).",
                   "", "| endpoint | " + " | ".join(f"{name} us/request" for name in in_process) + " | load (1 min) |",
                   "|---|" + "---|" * (len(in_process) + 1)]
         loads = [x for v in in_process.values() for x in v["load"]]
