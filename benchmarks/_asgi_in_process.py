@@ -108,7 +108,7 @@ def main():
     model = load_model(model_path)
     app = create_app(model, model_name="bench")
     os.environ[sl.FLOOR_MODEL_ENV] = str(model_path)
-    sl._floor_load()
+    sl.floor_load()
     print(json.dumps(asyncio.run(measure(app, bodies, n, rounds, model=model, Q=Q, floor=sl.floor_app))))
 
 

@@ -62,6 +62,8 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 
 GOALS = {"p99_ms_json1_c8": 10.0, "rows_per_s_binary256": 50_000}
 
+from serve_floor import FLOOR_MODEL_ENV, floor_app, floor_load  # noqa: E402,F401  (uvicorn serve_load:floor_app)
+
 
 # -- model and data ------------------------------------------------------------------ #
 def load_fashion(data_dir, split):
@@ -102,57 +104,6 @@ async def baseline_app(scope, receive, send):
     await send({"type": "http.response.start", "status": 200,
                 "headers": [(b"content-type", b"application/json"), (b"content-length", b"2")]})
     await send({"type": "http.response.body", "body": b"{}"})
-
-
-#: Environment variable naming the model file ``floor_app`` answers from (a ``.qkm`` with an index).
-FLOOR_MODEL_ENV = "QKM_FLOOR_MODEL"
-_floor = {}
-
-
-def _floor_load():
-    """Load the model named by ``QKM_FLOOR_MODEL`` and run its index's query once (numba's compiled code)."""
-    from qkm.export import load_model
-
-    index = load_model(os.environ[FLOOR_MODEL_ENV]).index
-    index.query(np.zeros((1, index.n_features_in_), dtype=np.float32))
-    _floor["query"] = index.query
-
-
-async def floor_app(scope, receive, send):
-    """The least an HTTP service can do for one JSON row of ``/search``, on the same uvicorn as ``qkm serve``.
-
-    A ``POST`` body ``{"instances": [[...]]}`` is read, parsed by ``orjson.loads``, turned into a float32
-    array by ``np.asarray`` and answered by the index's single-query call (``index.query``) as
-    ``orjson.dumps({"indices": ..., "distances": ...})``: no validation, no limits, no metrics, no error
-    handling. Any other request gets ``{}`` (the readiness probe). The model is loaded at start-up (ASGI
-    lifespan) from the file named by ``QKM_FLOOR_MODEL``.
-    """
-    if scope["type"] == "lifespan":
-        while True:
-            message = await receive()
-            if message["type"] == "lifespan.startup":
-                _floor_load()
-                await send({"type": "lifespan.startup.complete"})
-            elif message["type"] == "lifespan.shutdown":
-                await send({"type": "lifespan.shutdown.complete"})
-                return
-    if scope["type"] != "http":
-        return
-    import orjson
-
-    body, more = b"", True
-    while more:
-        message = await receive()
-        body += message.get("body", b"")
-        more = message.get("more_body", False)
-    if scope["method"] == "POST":
-        distances, indices = _floor["query"](np.asarray(orjson.loads(body)["instances"], dtype=np.float32))
-        body = orjson.dumps({"indices": indices, "distances": distances}, option=orjson.OPT_SERIALIZE_NUMPY)
-    else:
-        body = b"{}"
-    await send({"type": "http.response.start", "status": 200,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
-    await send({"type": "http.response.body", "body": body})
 
 
 def wait_ready(proc, url, path, log_path):
