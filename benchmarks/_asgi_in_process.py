@@ -6,8 +6,9 @@ model's own ``search`` of the same rows (float32, one at a time) in the same rou
 that is the index and not the service (subtracted round by round, it takes out most of the machine's noise). Every request is a fresh
 ASGI scope, a one-message body and a ``send`` that keeps the messages; the first answer of each endpoint
 must be a 200. ``"floor /search"``: ``serve_load.floor_app`` (parse, ``index.query``, encode; nothing
-else) on the same bodies in the same rounds, the least any service does for them. The bare app of ``serve_load.py`` (``baseline``) costs a few microseconds this way: what is
-measured is the application's own work, the HTTP stack left out.
+else) on the same bodies in the same rounds, the least any service does for them. The bare app of
+``serve_load.py`` (``baseline``) costs a few microseconds this way: what is measured is the application's
+own work, the HTTP stack left out.
 
     python benchmarks/_asgi_in_process.py MODEL N ROUNDS DATA_DIR
 """

@@ -117,7 +117,8 @@ def main():
                  f"Fashion-MNIST, {result['n_indexed']:,} rows indexed, {result['n_lists']} lists, default nprobe "
                  f"{result['nprobe']}, 1 thread; `index.query(x)` on {len(singles):,} test images (float32 (1, 784)) "
                  f"x {args.rounds} rounds, A and B in turn on every query (order swapped every round); answers "
-                 f"checked identical. A = `{args.ref}` ({ref_commit}), B = this checkout ({b_name[8:-1]}). Load average "
+                 f"checked identical. A = `{args.ref}` ({ref_commit}), B = this checkout ({b_name[8:-1]}). "
+                 "Load average "
                  f"before {load_before} (2 shared cores): absolute latencies are disturbed by other jobs; the "
                  "ratio B / A, measured query by query side by side, is what counts.", "",
                  "| k | side | p50 us | p90 us | p99 us | p50 per round us | thread CPU p50 us | median B/A per query "
