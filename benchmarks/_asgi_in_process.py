@@ -5,14 +5,17 @@ Run by ``serve_search_overhead.py --in-process N`` with the python of each check
 model's own ``search`` of the same rows (float32, one at a time) in the same rounds, the part of ``/search``
 that is the index and not the service (subtracted round by round, it takes out most of the machine's noise). Every request is a fresh
 ASGI scope, a one-message body and a ``send`` that keeps the messages; the first answer of each endpoint
-must be a 200. The bare app of ``serve_load.py`` (``baseline``) costs a few microseconds this way: what is
-measured is the application's own work, the HTTP stack left out.
+must be a 200. ``"floor /search"``: ``serve_load.floor_app`` (parse, ``index.query``, encode; nothing
+else) on the same bodies in the same rounds, the least any service does for them. The bare app of
+``serve_load.py`` (``baseline``) costs a few microseconds this way: what is measured is the application's
+own work, the HTTP stack left out.
 
     python benchmarks/_asgi_in_process.py MODEL N ROUNDS DATA_DIR
 """
 
 import asyncio
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -66,23 +69,30 @@ def _search_calls(model, Q, n):
     return (time.process_time() - t) / n * 1e6
 
 
-async def measure(app, bodies, n, rounds, endpoints=ENDPOINTS, model=None, Q=None):
+async def _timed(app, path, bodies, n):
+    t = time.process_time()
+    for i in range(n):
+        await _request(app, path, bodies[i % len(bodies)])
+    return (time.process_time() - t) / n * 1e6
+
+
+async def measure(app, bodies, n, rounds, endpoints=ENDPOINTS, model=None, Q=None, floor=None):
+    """``{endpoint: [CPU us per request of each round]}``; with ``floor`` (``serve_load.floor_app``, loaded):
+    also ``"floor /search"``, the least an HTTP service can do for the same bodies, in the same rounds."""
     queues = await _lifespan(app)
-    for path in endpoints:
-        status = await _request(app, path, bodies[0])
+    apps = [(path, app, path) for path in endpoints] + ([("floor /search", floor, "/search")] if floor else [])
+    for _, a, path in apps:
+        status = await _request(a, path, bodies[0])
         if status != 200:
             raise RuntimeError(f"{path} answered {status}")
         for i in range(200):
-            await _request(app, path, bodies[i % len(bodies)])
-    out = {path: [] for path in endpoints}
+            await _request(a, path, bodies[i % len(bodies)])
+    out = {name: [] for name, _, _ in apps}
     if model is not None:
         out["search call"] = []
     for _ in range(rounds):
-        for path in endpoints:
-            t = time.process_time()
-            for i in range(n):
-                await _request(app, path, bodies[i % len(bodies)])
-            out[path].append((time.process_time() - t) / n * 1e6)
+        for name, a, path in apps:
+            out[name].append(await _timed(a, path, bodies, n))
         if model is not None:
             out["search call"].append(_search_calls(model, Q, n))
     await _lifespan(app, startup=False, queues=queues)
@@ -98,7 +108,9 @@ def main():
     bodies = [json.dumps({"instances": Q[i:i + 1].tolist()}).encode() for i in range(256)]
     model = load_model(model_path)
     app = create_app(model, model_name="bench")
-    print(json.dumps(asyncio.run(measure(app, bodies, n, rounds, model=model, Q=Q))))
+    os.environ[sl.FLOOR_MODEL_ENV] = str(model_path)
+    sl.floor_load()
+    print(json.dumps(asyncio.run(measure(app, bodies, n, rounds, model=model, Q=Q, floor=sl.floor_app))))
 
 
 if __name__ == "__main__":

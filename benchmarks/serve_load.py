@@ -62,6 +62,8 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 
 GOALS = {"p99_ms_json1_c8": 10.0, "rows_per_s_binary256": 50_000}
 
+from serve_floor import FLOOR_MODEL_ENV, floor_app, floor_load  # noqa: E402,F401  (uvicorn serve_load:floor_app)
+
 
 # -- model and data ------------------------------------------------------------------ #
 def load_fashion(data_dir, split):
@@ -120,14 +122,19 @@ def wait_ready(proc, url, path, log_path):
     raise RuntimeError(f"server not ready in time; see {log_path}")
 
 
-def start_baseline(port, cpus, log_path):
-    cmd = [sys.executable, "-m", "uvicorn", "serve_load:baseline_app", "--app-dir", str(REPO / "benchmarks"),
+def start_baseline(port, cpus, log_path, app="baseline_app", model=None):
+    """The bare app (or ``app="floor_app"`` answering from ``model``) on uvicorn, pinned to ``cpus``, ready."""
+    cmd = [sys.executable, "-m", "uvicorn", f"serve_load:{app}", "--app-dir", str(REPO / "benchmarks"),
            "--port", str(port), "--no-access-log", "--log-level", "warning"]
     preexec = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
+    env = None if model is None else {**os.environ, FLOOR_MODEL_ENV: str(model)}
     proc = subprocess.Popen(cmd, stdout=open(log_path, "wb"), stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                            preexec_fn=preexec)
+                            preexec_fn=preexec, env=env)
     wait_ready(proc, f"http://127.0.0.1:{port}", "/", log_path)
+    if model is not None:
+        cmd = [f"{FLOOR_MODEL_ENV}={model}", *cmd]
     return proc, cmd
+
 
 def free_port():
     with socket.socket() as s:

@@ -14,8 +14,9 @@ What it does:
    K = 64, s = 3, seed 0 on the 60,000 Fashion-MNIST training images (/255, float32), with a
    ``qkm.ClusterIndex(model, random_state=0)`` of them (default ``nprobe="auto"``).
 2. In each of ``--rounds`` rounds, in alternating order, starts ``qkm serve MODEL --no-access-log`` of this
-   checkout (``new``), of the reference (``ref``, ``--ref-python``: its ``python -m qkm.cli``), and the bare
-   ASGI app of ``serve_load.py`` (``baseline``: uvicorn alone), each pinned to CPU 0 with the generator on
+   checkout (``new``), of the reference (``ref``, ``--ref-python``: its ``python -m qkm.cli``), the floor app
+   of ``serve_load.py`` (``floor``: ``floor_app``, parse + ``index.query`` + encode, nothing else; ``/search``
+   only) and its bare ASGI app (``baseline``: uvicorn alone), each pinned to CPU 0 with the generator on
    CPU 1, and runs the closed loops of ``serve_load.py``: one JSON row per request (256 Fashion-MNIST test
    rows in turn), ``/search`` and ``/assign``, at concurrency 1 and 8, ``--warmup`` s unrecorded then
    ``--duration`` s recorded. Server CPU per request is read from ``/proc``.
@@ -47,6 +48,8 @@ import serve_load as sl  # noqa: E402
 GOAL_P99_MS = 2.0
 ENDPOINTS = ("/search", "/assign")
 LEVELS = (1, 8)
+#: Servers in the order of the tables: this checkout, the reference, the floor app, the bare app.
+SERVERS = ["new", "ref", "floor", "baseline"]
 
 
 def ensure_model(cache_dir, data_dir):
@@ -68,9 +71,9 @@ def ensure_model(cache_dir, data_dir):
 
 def start(kind, python, model, port, log_path):
     """(process, command) of one server, pinned to CPU 0, ready."""
-    if kind == "baseline":
-        proc, cmd = sl.start_baseline(port, {0}, log_path)
-        return proc, cmd
+    if kind in ("baseline", "floor"):
+        return sl.start_baseline(port, {0}, log_path, **({"app": "floor_app", "model": model} if kind == "floor"
+                                                          else {}))
     cmd = [python, "-m", "qkm.cli", "serve", str(model), "--port", str(port), "--no-access-log", "--workers", "1"]
     import subprocess
 
@@ -109,7 +112,7 @@ def level(server, round_, proc, port, endpoint, c, bodies, args):
 def summarise(rows):
     """Median over rounds of each (server, endpoint, concurrency)."""
     keys = sorted({(r["server"], r["endpoint"], r["concurrency"]) for r in rows},
-                  key=lambda k: (["new", "ref", "baseline"].index(k[0]), k[1], k[2]))
+                  key=lambda k: (SERVERS.index(k[0]), k[1], k[2]))
     out = []
     for server, endpoint, c in keys:
         mine = [r for r in rows if (r["server"], r["endpoint"], r["concurrency"]) == (server, endpoint, c)]
@@ -141,7 +144,7 @@ def main():
     bodies = [json.dumps({"instances": Q[i:i + 1].tolist()}).encode() for i in range(256)]
     expected = model.search(Q[:1])[1].tolist()
     servers = [("new", sys.executable)] + ([("ref", args.ref_python)] if args.ref_python else []) + \
-        [("baseline", None)]
+        [("floor", None), ("baseline", None)]
     os.sched_setaffinity(0, {1})
     log = Path(args.cache_dir) / "serve_search_overhead.log"
     load_at_start = [round(v, 2) for v in os.getloadavg()]
@@ -156,12 +159,12 @@ def main():
                 try:
                     if server != "baseline":
                         check_search(port, bodies[0], expected)
-                    for endpoint in (ENDPOINTS if server != "baseline" else ("/search",)):
+                    for endpoint in (ENDPOINTS if server in ("new", "ref") else ("/search",)):
                         for c in LEVELS:
                             rows.append(level(server, rnd, proc, port, endpoint, c, bodies, args))
                 finally:
                     code = sl.stop(proc)
-                    if code != 0 and server != "baseline":  # the bare app has no SIGTERM handler
+                    if code != 0 and server in ("new", "ref"):  # the bare apps have no SIGTERM handler
                         raise RuntimeError(f"{server} exited with {code}; see {log}")
     finally:
         os.sched_setaffinity(0, set(range(os.cpu_count())))
@@ -217,7 +220,9 @@ def report(args, commands, model, summary, rows, load_at_start, in_process=None)
              "pinned to CPU 0, the load generator (`serve_load.py`'s closed loop, HTTP/1.1 keep-alive) on CPU 1; "
              f"servers started one after the other, in alternating order, {args.rounds} rounds; "
              f"{args.warmup:g} s unrecorded then {args.duration:g} s recorded per level; medians over rounds. "
-             "`baseline`: the bare ASGI app of `serve_load.py` on the same uvicorn (reads the body, answers `{}`). "
+             "`baseline`: the bare ASGI app of `serve_load.py` on the same uvicorn (reads the body, answers `{}`); "
+             "`floor`: its `floor_app`, the least an HTTP service can do for one JSON row of `/search` (reads the "
+             "body, `orjson.loads`, `np.asarray`, `index.query`, `orjson.dumps`; no validation, no metrics). "
              f"Commands: {json.dumps(commands)}. Environment: {json.dumps(env)}.", "",
              "| server | endpoint | concurrency | requests/s | p50 ms | p99 ms | server CPU ms/request | "
              "load (1 min) | non-200 | lost |", "|---|---|---|---|---|---|---|---|---|---|"]
@@ -228,20 +233,29 @@ def report(args, commands, model, summary, rows, load_at_start, in_process=None)
     if in_process:
         lines += ["", f"In-process (`_asgi_in_process.py`: the ASGI app called directly, no sockets, pinned to CPU 0; "
                       f"{args.in_process} requests per endpoint and round, {args.rounds} rounds in each of two runs "
-                      "per checkout, order new, ref, ref, new): server CPU per one-JSON-row request, median (range).",
+                      f"per checkout, order {', '.join([*in_process, *list(in_process)[::-1]])}; `floor /search`: "
+                      "`serve_load.floor_app` on the same bodies in the same rounds): server CPU per one-JSON-row "
+                      "request, median (range).",
                   "", "| endpoint | " + " | ".join(f"{name} us/request" for name in in_process) + " | load (1 min) |",
                   "|---|" + "---|" * (len(in_process) + 1)]
         loads = [x for v in in_process.values() for x in v["load"]]
-        for endpoint in ENDPOINTS + ("search call", "/search minus search call"):
+        for endpoint in ENDPOINTS + ("search call", "/search minus search call", "floor /search",
+                                     "/search minus floor /search"):
             cells = []
             for v in in_process.values():
-                if endpoint == "/search minus search call":
-                    values = [a - b for a, b in zip(v["/search"], v["search call"])]
+                if endpoint.startswith("/search minus "):
+                    values = [a - b for a, b in zip(v["/search"], v[endpoint[len("/search minus "):]])]
                 else:
                     values = v[endpoint]
                 cells.append(f"{np.median(values):.0f} ({min(values):.0f}-{max(values):.0f})")
             lines.append(f"| {endpoint} | " + " | ".join(cells) + f" | {min(loads):.2f}-{max(loads):.2f} |")
     lines += ["", f"Goal: {goal['goal']}: {goal['measured']}: **{'met' if goal['met'] else 'missed'}**."]
+    floor8 = next((r for r in summary if (r["server"], r["endpoint"], r["concurrency"]) == ("floor", "/search", 8)),
+                  None)
+    if floor8 is not None:
+        lines.append(f"The floor app's p99 at concurrency 8: {floor8['p99_ms']:.2f} ms ("
+                     f"{'above' if floor8['p99_ms'] > GOAL_P99_MS else 'within'} the goal on this machine, "
+                     "at this load).")
     Path(args.out + ".md").write_text("\n".join(lines) + "\n")
 
 

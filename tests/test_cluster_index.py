@@ -107,6 +107,19 @@ def test_one_query_and_batch_paths_agree(wide, km_wide, container, store, partit
             np.testing.assert_array_equal(np.vstack([o[1] for o in one]), batch[1])
 
 
+@pytest.mark.parametrize("store", ["float32", "int8"])
+def test_one_float32_row_is_answered_as_its_float64_copy(wide, km_wide, store):
+    X, Xq = wide
+    index = _own(km_wide, store=store, n_lists=16).fit(X)
+    Q32 = Xq.astype(np.float32)
+    for k in (1, 4):
+        batch = index.query(Q32.astype(np.float64), k=k, nprobe=3)  # the batch path, float64 rows
+        for i in range(Q32.shape[0]):
+            one = index.query(Q32[i:i + 1], k=k, nprobe=3)  # the one-row kernel reads the float32 row itself
+            np.testing.assert_array_equal(one[0], batch[0][i:i + 1])
+            np.testing.assert_array_equal(one[1], batch[1][i:i + 1])
+
+
 @pytest.mark.parametrize("partition, store", [("auto", "float32"), ("model", "float32"), ("auto", "int8")])
 def test_query_searches_exactly_the_probed_lists(wide, km_wide, partition, store):
     X, Xq = wide  # int8 coordinates: the bounds are coarser, the answers exact all the same

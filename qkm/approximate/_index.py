@@ -162,11 +162,8 @@ class InvertedLists:
 
     def search_row(self, x, k, nprobe):
         """``search`` of one dense C-contiguous float row (1, D) in the index's own lists: the leanest call."""
-        out_d = np.empty((1, k))
-        out_i = np.empty((1, k), dtype=np.int64)
-        SK.search(x if x.dtype == np.float64 else x.astype(np.float64), _EMPTY_F64, _EMPTY_I32, _ZERO_PTR, False,
-                  _NO_GIVEN, True, nprobe, self.ix, self.head_dims, self.block, self.nmax, self._capacity(nprobe, k),
-                  _NO_TAIL, out_d, out_i)
+        out_d, out_i = SK.search_row(x, self.ix, nprobe, self.head_dims, self.block, self.nmax,
+                                     self._capacity(nprobe, k), k)
         if out_d[0, 0] != out_d[0, 0]:  # NaN: the row is not finite
             check_data(x)
             raise ValueError("X holds values too large to square in float64.")

@@ -130,13 +130,32 @@ def _scan_heads(u, rq0, probe, n_probe, offsets, coords_t, h, codec, resid, s_bu
         for r in range(n_p):
             acc[r] = 0.0
         base = m * lo
-        if plain:
-            for j in range(h):
+        if plain:  # four coordinates per pass over the rows (the same additions, in the same order)
+            j = 0
+            while j + 4 <= h:
+                u0 = u[j]
+                u1 = u[j + 1]
+                u2 = u[j + 2]
+                u3 = u[j + 3]
+                b0 = base + j * n_c
+                col0 = coords_t[b0:b0 + n_p]
+                col1 = coords_t[b0 + n_c:b0 + n_c + n_p]
+                col2 = coords_t[b0 + 2 * n_c:b0 + 2 * n_c + n_p]
+                col3 = coords_t[b0 + 3 * n_c:b0 + 3 * n_c + n_p]
+                for r in range(n_p):
+                    d0 = u0 - np.float32(col0[r])
+                    d1 = u1 - np.float32(col1[r])
+                    d2 = u2 - np.float32(col2[r])
+                    d3 = u3 - np.float32(col3[r])
+                    acc[r] = (((acc[r] + d0 * d0) + d1 * d1) + d2 * d2) + d3 * d3
+                j += 4
+            while j < h:
                 uj = u[j]
                 col = coords_t[base + j * n_c:base + j * n_c + n_p]
                 for r in range(n_p):
                     d = uj - np.float32(col[r])
                     acc[r] += d * d
+                j += 1
         else:
             for j in range(h):
                 uj = u[j]
@@ -301,6 +320,11 @@ def _search_query(z, nq, xq, qdata, qind, qlo, qhi, sparse, pd, nprobe, ix, h, b
         for t in range(n_first):
             for j in range(0, rows.shape[1], line):
                 _prefetch(rows, pos_buf[first[t]], j)
+    if m_tail > 0:
+        for t in range(n_first):
+            for j in range(0, min(block, m_tail), 64 // tail.itemsize):
+                _prefetch(tail, pos_buf[first[t]], j)
+            _prefetch(resid, pos_buf[first[t]], 1)
     queued = 0
     n_steps = n_first  # the first k rows; then the rows still in reach once they are done
     gathered = False
@@ -334,8 +358,10 @@ def _search_query(z, nq, xq, qdata, qind, qlo, qhi, sparse, pd, nprobe, ix, h, b
         i = first[step] if early else cand[step - n_first]
         ahead = step + PREFETCH_AHEAD
         if m_tail > 0 and n_first <= ahead < n_steps:
+            pa = pos_buf[cand[ahead - n_first]]
             for t in range(0, min(block, m_tail), 64 // tail.itemsize):  # a coming candidate's first block
-                _prefetch(tail, pos_buf[cand[ahead - n_first]], t)
+                _prefetch(tail, pa, t)
+            _prefetch(resid, pa, 1)  # and its residual there (a line of its own: resid is stored by columns)
         step += 1
         v = lb_buf[i]
         if v < 0.0 or v > thr:  # done already, or out of reach
@@ -444,3 +470,26 @@ def search(Q, qdata, qind, qptr, sparse, given, own, nprobe, ix, h, block, nmax,
     for i in range(out_d.shape[0]):
         _one(i, Q, qdata, qind, qptr, sparse, given, own, nprobe, ix, h, block, nmax, ztail, work, buf,
              out_d, out_i)
+
+
+_ROW_NO_DATA = np.zeros(0, dtype=np.float64)
+_ROW_NO_INDICES = np.zeros(0, dtype=np.int32)
+_ROW_NO_PTR = np.zeros(2, dtype=np.int64)
+_ROW_NO_GIVEN = np.zeros((1, 1), dtype=np.float64)
+_ROW_NO_TAIL = np.zeros((0, 0), dtype=np.float64)
+
+
+@njit(**_JIT)
+def search_row(x, ix, nprobe, h, block, nmax, cap, k):
+    """One dense query ``x`` (1, D) float32 or float64 in the index's own lists: :func:`search` in one lean call.
+
+    The buffers and the answer are allocated here (fewer arguments to pass
+    than :func:`search` takes, no copy of ``x``: it is read as float64
+    exactly as a float64 copy would be). Returns ``(out_d, out_i)`` (1, k).
+    """
+    out_d = np.empty((1, k))
+    out_i = np.empty((1, k), dtype=np.int64)
+    work, buf = _workspace(cap, ix, k, False)
+    _one(0, x, _ROW_NO_DATA, _ROW_NO_INDICES, _ROW_NO_PTR, False, _ROW_NO_GIVEN, True, nprobe, ix, h, block, nmax,
+         _ROW_NO_TAIL, work, buf, out_d, out_i)
+    return out_d, out_i
