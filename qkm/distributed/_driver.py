@@ -113,9 +113,10 @@ def _first_centers(sd, centers_init, own):
 
 
 def _next_buffer(sent, C, ring):
-    """Where the means of the next iteration go: ``C`` itself when the workers got the centres as CSR (a copy:
-    the dense ``C`` is nobody else's), else a buffer of ``ring`` (``C`` and the previous ``C`` stay intact: the
-    dense pack was scattered as is and rebuilds a lost shard's state)."""
+    """Where this iteration's means go: ``C`` itself when the workers got the centres as CSR (a copy, which is
+    also the next iteration's rebuild pack: the dense ``C`` is the driver's alone), else a buffer of ``ring``
+    (``C`` and the previous ``C`` stay intact: the dense pack was scattered as is and rebuilds a lost shard's
+    state)."""
     return C if sp.issparse(sent[0]) else ring.get(C.shape, C.dtype)
 
 
