@@ -284,7 +284,8 @@ def summarise(results, meta):
              f"Command: `{meta['command']}`  ", f"Machine: {meta['cpu']}, 2 cores shared with other jobs; "
              f"qkm {meta['qkm']}, dask {meta['dask']}.  ",
              f"{meta['iters']} measured iterations after one warm-up; median seconds per iteration; "
-             f"{meta['rounds']} round(s) per configuration, interleaved.\n"]
+             f"{meta['rounds']} round(s) per configuration, interleaved"
+             + (" in the same order every round.\n" if meta.get("interleave") else " (order rotated by round).\n")]
     for key in results:
         name, k = key.rsplit(":", 1)
         for algorithm in dict.fromkeys(r.get("algorithm", "lloyd") for r in results[key]):
@@ -348,6 +349,30 @@ def summarise_rows(rows, title):
         lines.append(f"* overhead dask-1w - inproc-1t: {over:.3f} s/iter (allowance 0.2 s + K x D round trip "
                      f"{kxd:.3f} s = {0.2 + kxd:.3f} s): {'met' if over <= 0.2 + kxd else 'missed'}")
         lines.append(f"* speed-up dask-2w over dask-1w: {med['dask-1w'] / med['dask-2w']:.2f}x")
+    lines += paired_overhead(rows)
+    return lines
+
+
+def paired_overhead(rows):
+    """dask-1w minus inproc-1t of the same round (run one after the other), each round and the median."""
+    by_round = {}
+    for r in rows:
+        by_round.setdefault(r.get("round", 0), {})[r["config"]] = r
+    pairs = [(rnd, p["inproc-1t"], p["dask-1w"]) for rnd, p in sorted(by_round.items())
+             if {"inproc-1t", "dask-1w"} <= set(p)]
+    if not pairs:
+        return []
+    diffs = [w["seconds_per_iter"] - i["seconds_per_iter"] for _, i, w in pairs]
+    kxd = statistics.median(w["kxd_round_trip_s"] for _, _, w in pairs)
+    med = statistics.median(diffs)
+    lines = ["* overhead dask-1w - inproc-1t by round (adjacent runs): "
+             + ", ".join(f"round {rnd + 1}: {w['seconds_per_iter']:.3f} - {i['seconds_per_iter']:.3f} = {d:.3f} s"
+                         f" (load {i['load']['before'][0]:.1f} / {w['load']['before'][0]:.1f})"
+                         for (rnd, i, w), d in zip(pairs, diffs)),
+             f"* median paired overhead: {med:.3f} s/iter over a median in-process "
+             f"{statistics.median(i['seconds_per_iter'] for _, i, _ in pairs):.3f} s/iter (allowance 0.2 s + "
+             f"K x D round trip {kxd:.3f} s = {0.2 + kxd:.3f} s): "
+             f"{'met' if med <= 0.2 + kxd else 'missed'}"]
     return lines
 
 
@@ -366,6 +391,9 @@ def main():
     p.add_argument("--rows-per-shard", type=int, default=DEFAULT_ROWS_PER_SHARD,
                    help="generated matrix: rows per shard (another value gets its own shard directory)")
     p.add_argument("--configs", default=",".join(CONFIGS))
+    p.add_argument("--interleave", action="store_true",
+                   help="the configurations in the given order every round (A, B, A, B, ...; not rotated); the "
+                        "summary adds the overhead of each round's dask-1w over its inproc-1t and their median")
     p.add_argument("--algorithms", default="lloyd,kmeans-par,qkmeans", help="any of lloyd, kmeans-par, qkmeans")
     p.add_argument("--palm-warm-iter", type=int, default=2, help="QK-means: least-squares sweeps per refit")
     p.add_argument("--quick", action="store_true", help="200,000 x 20,000 generated matrix, K=100, 2 iterations")
@@ -391,7 +419,8 @@ def main():
             key = f"{name}:{k}"
             results[key] = []
             for rnd in range(args.rounds):
-                order = configs[rnd % len(configs):] + configs[:rnd % len(configs)]
+                shift = 0 if args.interleave else rnd % len(configs)
+                order = configs[shift:] + configs[:shift]
                 for algorithm, config in [(a, c) for a in args.algorithms.split(",") for c in order]:
                     spec = {"config": config, "directory": directory, "init": inits[key], "iters": args.iters,
                             "algorithm": algorithm, "palm_warm_iter": args.palm_warm_iter}
@@ -404,6 +433,7 @@ def main():
                         print(proc.stdout[-2000:], proc.stderr[-4000:], flush=True)
                         raise SystemExit(f"{key} {config} failed")
                     r = json.loads(line[-1][7:])
+                    r["round"] = rnd
                     print("   ", {k2: r[k2] for k2 in ("seconds_per_iter", "inertia", "driver_peak_mb")}, flush=True)
                     results[key].append(r)
                     write(args, results, shapes)  # after every configuration: a partial run still leaves results
@@ -417,7 +447,7 @@ def write(args, results, shapes):
 
     meta = {"command": " ".join([".venv/bin/python", "benchmarks/distributed.py"] + sys.argv[1:]),
             "cpu": cpu_name(), "qkm": qkm.__version__, "dask": dask.__version__, "iters": args.iters,
-            "rounds": args.rounds, "shapes": shapes}
+            "rounds": args.rounds, "interleave": args.interleave, "shapes": shapes}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     text = summarise(results, meta)
     TS.write_text_atomic(args.out + ".json", json.dumps({"meta": meta, "results": results}, indent=1))

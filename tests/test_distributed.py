@@ -388,6 +388,44 @@ def test_kmeans_compact_packs_on_wide_shards(inproc_client, tmp_path_factory, wi
     assert any(densified) == (algorithm == "elkan")
 
 
+@pytest.mark.parametrize("algorithm", ["lloyd", "elkan"])
+def test_means_in_place_with_empty_cluster_and_lost_state_on_wide_shards(inproc_client, tmp_path_factory, wide,
+                                                                          algorithm, monkeypatch):
+    """Centres sent as CSR, so the driver writes the means in place: an empty cluster repaired, and a shard's
+    state lost at iteration 2 (rebuilt from the previous iteration's compact pack); the fit is the in-memory one."""
+    from qkm.distributed import _shard_tasks as T
+
+    real_state, dropped = T._state, []
+
+    def losing_state(shard, key, it, rebuild):  # called inside the tasks (functions sent to workers are copies)
+        if it == 2 and rebuild is None:  # the state of iteration 1 is gone: the driver repeats the iteration
+            dropped.append(shard.state.pop(key, None))
+            raise T.StateLost("dropped by the test")
+        return real_state(shard, key, it, rebuild)
+
+    monkeypatch.setattr(T, "_state", losing_state)
+    from qkm.distributed import _driver
+
+    real_next, in_place = _driver._next_buffer, []
+
+    def next_buffer(sent, C, ring):
+        out = real_next(sent, C, ring)
+        in_place.append(out is C)
+        return out
+
+    monkeypatch.setattr(_driver, "_next_buffer", next_buffer)
+    far = sp.csr_matrix((np.full(3, 1e3), ([0, 0, 0], [1, 2, 3])), shape=(1, wide.shape[1]))
+    init = sp.vstack([wide[:K - 1], far]).toarray()  # nothing is near the last centre
+    sd = ShardedData(shards(tmp_path_factory, wide, LAYOUTS["3 shards + empty"]), inproc_client)
+    kw = dict(n_clusters=K, init=init, algorithm=algorithm, max_iter=8, tol=0)
+    got, ref = qkm.KMeans(**kw).fit(sd), qkm.KMeans(**kw).fit(wide)
+    assert dropped and sd.n_retries == 1 and got.history_[0]["relocated"] == 1
+    assert in_place and all(in_place)
+    np.testing.assert_array_equal(inproc_client.compute(got.labels_, sync=True), ref.labels_)
+    np.testing.assert_array_equal(got.cluster_centers_, ref.cluster_centers_)
+    assert got.inertia_ == ref.inertia_ and got.n_iter_ == ref.n_iter_ > 2
+
+
 @pytest.mark.parametrize("direct", [True, False])
 def test_phases_recorded_and_scheduler_hop(inproc_client, tmp_path_factory, data, direct):
     """Each iteration's phases are kept (driver and shard tasks); through the scheduler or straight to the

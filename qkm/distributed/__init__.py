@@ -135,7 +135,6 @@ class ShardedData:
         self._sent = self._received = 0
         self.fit_key = None
         self.n_retries = 0
-        self.buffers = T.BufferRing()  # the driver's K x D arrays, reused across iterations
         self.poll_seconds = 1.0
         self.timeline = Timeline()  # phases of the driver and of the shard tasks (diagnostics)
         self.rounds = collections.deque(maxlen=self.ROUNDS_KEPT)  # phases of the last fit's iterations
@@ -199,8 +198,18 @@ class ShardedData:
 
     # ------------------------------------------------------------------ #
     # one round: the same function on every shard, results added in the fixed tree order
+    def compact(self, pack):
+        """A centre pack ``(C, c_sq, ...)`` as the workers get it: on CSR shards, ``C`` as CSR when that is at most
+        half its dense size (:func:`~qkm.distributed._packs.compact_pack`); the result is sent as is."""
+        if self.sparse:
+            with self.timeline.phase("compact"):
+                pack = T.compact_pack(pack)
+        return T.Compacted(pack)
+
     def _scatter(self, obj):
-        if isinstance(obj, tuple) and self.sparse:
+        if isinstance(obj, T.Compacted):
+            obj = tuple(obj)
+        elif isinstance(obj, tuple) and self.sparse:
             with self.timeline.phase("compact"):
                 obj = T.compact_pack(obj)
         self._sent += sum(T._nbytes(a) for a in (obj if isinstance(obj, tuple) else (obj,)))

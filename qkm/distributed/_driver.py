@@ -34,10 +34,20 @@ class _Update:
 def update_means(sd, part, C, key, it, elkan, C_new, repair=True):
     """Means from the combined sums into ``C_new``; empty clusters repaired from the shards' farthest points.
 
-    Rows of empty clusters keep ``C`` when not repaired (``repair=False``, or no candidate); ``counts`` of
-    the result are the sizes after the repair (moved points counted in their new cluster).
+    ``C_new`` may be ``C`` itself (the means written in place: one ``K x D``
+    array on the driver instead of two); the repair's candidates are fetched
+    first, so a lost worker leaves ``C`` intact for the iteration's rerun.
+    Rows of empty clusters keep ``C`` when not repaired (``repair=False``, or
+    no candidate); ``counts`` of the result are the sizes after the repair
+    (moved points counted in their new cluster).
     """
     k = C.shape[0]
+    counts = part.counts.copy()
+    moves, rows = [], None
+    if (counts == 0).any() and repair:
+        moves, rows = _relocations(sd, counts, key, it, elkan)
+    # the rows the repair measures its moves from, before the means overwrite them (in place)
+    C_old = {c: C[c].copy() for move in moves for c in (move[0], move[2])} if C_new is C else C
     shift_sq = np.empty(k, dtype=np.float64)
     sums = part.sums
     if sp.issparse(sums):
@@ -47,14 +57,9 @@ def update_means(sd, part, C, key, it, elkan, C_new, repair=True):
         np.copyto(C_new, C)
         means_from_sums(sums, part.counts, C_new, shift_sq)
     c_sq = centroid_sq_norms(C_new)
-    counts = part.counts.copy()
-    relocated = 0
-    if (counts == 0).any() and repair:
-        moves, rows = _relocations(sd, counts, key, it, elkan)
-        if moves:
-            apply_relocations(moves, rows, C_new, shift_sq, c_sq, C)
-        relocated = len(moves)
-    return _Update(C_new, shift_sq, c_sq, relocated, counts)
+    if moves:
+        apply_relocations(moves, rows, C_new, shift_sq, c_sq, C_old)
+    return _Update(C_new, shift_sq, c_sq, len(moves), counts)
 
 
 def update_means_csr(sd, part, C, key, it, repair=True):
@@ -100,22 +105,44 @@ def _final(sd, C, c_sq, key, it, strict, elkan, C_last, rebuild):
     return sd.map_reduce(T.final_step, (C, c_sq), key, it, strict, elkan, rebuild=C_last if rebuild else None).wcss
 
 
-def run_lloyd(sd, centers_init, *, max_iter, tol, tol_wcss=0.0, verbose=0, log=None, key=None):
-    """Lloyd over shards; the contract of :func:`qkm.clustering._lloyd.kmeans_single_lloyd` (labels stay on the shards)."""
-    C = np.array(centers_init, dtype=sd.dtype, order="C", copy=True)
+def _first_centers(sd, centers_init, own):
+    """The run's centre array: ``centers_init`` itself when the run owns it (seeds made by the driver), else a copy."""
+    if own:
+        return np.ascontiguousarray(centers_init, dtype=sd.dtype)
+    return np.array(centers_init, dtype=sd.dtype, order="C", copy=True)
+
+
+def _next_buffer(sent, C, ring):
+    """Where this iteration's means go: ``C`` itself when the workers got the centres as CSR (a copy, which is
+    also the next iteration's rebuild pack: the dense ``C`` is the driver's alone), else a buffer of ``ring``
+    (``C`` and the previous ``C`` stay intact: the dense pack was scattered as is and rebuilds a lost shard's
+    state)."""
+    return C if sp.issparse(sent[0]) else ring.get(C.shape, C.dtype)
+
+
+def run_lloyd(sd, centers_init, *, max_iter, tol, tol_wcss=0.0, verbose=0, log=None, key=None, own=False):
+    """Lloyd over shards; the contract of :func:`qkm.clustering._lloyd.kmeans_single_lloyd` (labels stay on the shards).
+
+    ``own``: ``centers_init`` belongs to the run (it may become the returned centres). On CSR shards whose centres
+    travel as CSR the driver holds one dense ``K x D`` array (the means are written in place) plus the CSR packs;
+    otherwise up to three, reused in turn.
+    """
+    C = _first_centers(sd, centers_init, own)
+    del centers_init
     c_sq = centroid_sq_norms(C)
     rule = StoppingRule(tol, tol_wcss)
     log = log if log is not None else IterationLog(verbose)
+    ring = T.BufferRing()  # this run's dense K x D buffers (dense packs only), freed with it
     strict, n_iter, wcss = False, 0, None
-    C_prev = None
+    prev = None  # the previous iteration's pack (as sent): it rebuilds the state of a shard that was lost
     for it in range(max_iter):
         n_iter = it + 1
         t0 = time.perf_counter()
+        sent = sd.compact((C, c_sq))
+        out = _next_buffer(sent, C, ring)
 
-        out = sd.buffers.get(C.shape, C.dtype)  # three in turn: C and the previous C stay intact
-
-        def attempt(rebuild, it=it, C=C, c_sq=c_sq, C_prev=C_prev, out=out):
-            part = sd.map_reduce(T.lloyd_step, (C, c_sq), key, it, rebuild=C_prev if rebuild else None)
+        def attempt(rebuild, it=it, C=C, sent=sent, prev=prev, out=out):
+            part = sd.map_reduce(T.lloyd_step, sent, key, it, rebuild=prev if rebuild else None)
             with sd.timeline.phase("means"):
                 return part, update_means(sd, part, C, key, it, False, out)
 
@@ -126,43 +153,47 @@ def run_lloyd(sd, centers_init, *, max_iter, tol, tol_wcss=0.0, verbose=0, log=N
                    seconds=time.perf_counter() - t0, shard_seconds=part.seconds, **sd.traffic_since_last())
         sd.end_round()
         strict, stop = rule.check_changed(part.n_changed, shift_total, wcss)
-        C_prev, C, c_sq = (C, c_sq), up.C, up.c_sq
+        prev, C, c_sq = sent, up.C, up.c_sq
+        del sent, part, up
         if stop:
             break
-    inertia = sd.retrying(lambda rebuild: _final(sd, C, c_sq, key, n_iter - 1, strict, False, C_prev, rebuild))
-    return inertia, C.copy(), n_iter
+    inertia = sd.retrying(lambda rebuild: _final(sd, C, c_sq, key, n_iter - 1, strict, False, prev, rebuild))
+    return inertia, C, n_iter
 
 
-def run_elkan(sd, centers_init, *, max_iter, tol, tol_wcss=0.0, verbose=0, log=None, key=None):
-    """Elkan over shards: the bounds stay on the workers; the driver keeps the K x K centre bounds."""
+def run_elkan(sd, centers_init, *, max_iter, tol, tol_wcss=0.0, verbose=0, log=None, key=None, own=False):
+    """Elkan over shards: the bounds stay on the workers; the driver keeps the K x K centre bounds (``K x D``
+    arrays as :func:`run_lloyd`)."""
     n, k = sd.n_rows, centers_init.shape[0]
-    C = np.array(centers_init, dtype=sd.dtype, order="C", copy=True)
+    C = _first_centers(sd, centers_init, own)
+    del centers_init
     c_sq = centroid_sq_norms(C)
     err = sd.err_rel
     rule = StoppingRule(tol, tol_wcss)
     log = log if log is not None else IterationLog(verbose)
+    ring = T.BufferRing()
     cc_exact_every_iter = k * sd.n_features <= 0.25 * sd.nnz
     half_cc, shift = None, np.zeros(k)
     want_wcss = rule.tol_wcss > 0 or bool(verbose)
     strict, n_iter = False, 0
-    C_prev = None
+    prev = None
     for it in range(max_iter):
         n_iter = it + 1
         t0 = time.perf_counter()
         if it > 0 and (half_cc is None or cc_exact_every_iter):
             half_cc = _half_center_distances(C, c_sq, err)
         s = half_cc.min(axis=1) if half_cc is not None else None
-        pack = (C, c_sq, half_cc, s, shift)
-        out = sd.buffers.get(C.shape, C.dtype)
+        sent = sd.compact((C, c_sq, half_cc, s, shift))
+        out = _next_buffer(sent, C, ring)
 
-        def attempt(rebuild, it=it, pack=pack, C=C, C_prev=C_prev, out=out):
-            counted = sd.map_reduce(T.elkan_count, pack, key, it, rebuild=C_prev if rebuild else None)
+        def attempt(rebuild, it=it, sent=sent, C=C, prev=prev, out=out):
+            counted = sd.map_reduce(T.elkan_count, sent, key, it, rebuild=prev if rebuild else None)
             if it == 0:
                 mode, n_pairs = "full", n * k
             else:
                 n_pairs = counted.n_pairs
                 mode = "full" if n_pairs > _config.ELKAN_FULL_PASS_FRACTION * n * k else "pairs"
-            part = sd.map_reduce(T.elkan_step, pack, key, it, mode, want_wcss, same_pack=True)
+            part = sd.map_reduce(T.elkan_step, sent, key, it, mode, want_wcss, same_pack=True)
             if mode == "pairs":
                 n_pairs = part.n_pairs
             return part, mode, n_pairs, update_means(sd, part, C, key, it, True, out)
@@ -176,8 +207,9 @@ def run_elkan(sd, centers_init, *, max_iter, tol, tol_wcss=0.0, verbose=0, log=N
             half_cc = np.maximum(half_cc - 0.5 * (shift[:, None] + shift[None, :]), 0.0)
             np.fill_diagonal(half_cc, np.inf)
         strict, stop = rule.check_changed(part.n_changed, float(up.shift_sq.sum()), wcss)
-        C_prev, C, c_sq = (C, c_sq), up.C, up.c_sq
+        prev, C, c_sq = sent[:2], up.C, up.c_sq
+        del sent, part, up
         if stop:
             break
-    inertia = sd.retrying(lambda rebuild: _final(sd, C, c_sq, key, n_iter - 1, strict, True, C_prev, rebuild))
-    return inertia, C.copy(), n_iter
+    inertia = sd.retrying(lambda rebuild: _final(sd, C, c_sq, key, n_iter - 1, strict, True, prev, rebuild))
+    return inertia, C, n_iter

@@ -75,8 +75,9 @@ def fit_kmeans(est, sd, callback=None):
         sd.reset_traffic()
         log = IterationLog(est.verbose, prefix=f"run {run_id + 1}: " if est.verbose else "", callback=callback,
                            first=seeds.record)
+        # seeds made here belong to the run (their array becomes its centres); a user's init array is copied
         inertia, centers, n_iter = run(sd, seeds.centers, max_iter=est.max_iter, tol=tol, tol_wcss=est.tol_wcss,
-                                       verbose=est.verbose, log=log, key=key)
+                                       verbose=est.verbose, log=log, key=key, own=isinstance(seeding.init, str))
         if best is None or inertia < best[1]:
             best = (key, inertia, centers, n_iter, log.records)
         sd.client.gather(sd._submit_each(T.keep_only, [best[0]]))

@@ -18,7 +18,7 @@ from ..factorization._kernels import _JIT
 from ..operator import DenseOperator
 from ._timeline import nested_phase
 
-__all__ = ["ChainPack", "BufferRing", "compact_pack"]
+__all__ = ["ChainPack", "BufferRing", "Compacted", "compact_pack"]
 
 
 def _nbytes(a):
@@ -63,6 +63,11 @@ def _fill_csr(C, indptr, indices, data):
                 indices[q] = k
                 data[q] = C[j, k]
                 q += 1
+
+
+class Compacted(tuple):
+    """A pack already through :func:`compact_pack` (the driver keeps it: it is also the rebuild pack of the
+    next iteration); scattered as a plain tuple."""
 
 
 class BufferRing:

@@ -29,7 +29,8 @@ from ..clustering._init import distinct_row_indices
 from .._shards import check_fingerprint, load_shard, shard_fingerprint
 from .._threads import numba_threads
 from ._timeline import task_timeline
-from ._packs import BufferRing, ChainPack, _make_operator, _nbytes, _operator, _unpack, compact_pack  # noqa: F401
+from ._packs import (BufferRing, ChainPack, Compacted, _make_operator, _nbytes, _operator, _unpack,  # noqa: F401
+                     compact_pack)
 
 __all__ = ["Shard", "StateLost", "Partial", "combine"]
 
