@@ -426,6 +426,38 @@ def test_means_in_place_with_empty_cluster_and_lost_state_on_wide_shards(inproc_
     assert got.inertia_ == ref.inertia_ and got.n_iter_ == ref.n_iter_ > 2
 
 
+@pytest.mark.parametrize("init", ["k-means++", "random"])
+def test_state_lost_while_seeding(inproc_client, tmp_path_factory, data, init, monkeypatch):
+    """A worker's state lost while the seeding fetches rows and while its potential is summed: both are
+    retried with the same draws, and the fit is the in-memory one."""
+    from qkm.distributed import _seeding as DS
+    from qkm.distributed import _shard_tasks as T
+
+    marks = tmp_path_factory.mktemp("lost")
+
+    def losing_once(fn, name):  # the tasks run copies of these functions: the mark is a file
+        def task(*args, **kwargs):
+            mark = marks / name
+            if not mark.exists():
+                mark.touch()
+                raise T.StateLost("dropped by the test")
+            return fn(*args, **kwargs)
+        return task
+
+    monkeypatch.setattr(T, "all_rows", losing_once(T.all_rows, "fetch"))
+    monkeypatch.setattr(T, "rows", losing_once(T.rows, "fetch"))
+    monkeypatch.setattr(DS, "potential_task", losing_once(DS.potential_task, "sum"))
+    X = data["csr"]
+    sd = ShardedData(shards(tmp_path_factory, X, LAYOUTS["2 shards"]), inproc_client)
+    kw = dict(n_clusters=K, init=init, random_state=5, max_iter=4, tol=0, n_init=1)
+    got, ref = qkm.KMeans(**kw).fit(sd), qkm.KMeans(**kw).fit(X)
+    assert (marks / "fetch").exists() and (marks / "sum").exists() and sd.n_retries == 2
+    np.testing.assert_array_equal(inproc_client.compute(got.labels_, sync=True), ref.labels_)
+    np.testing.assert_array_equal(got.cluster_centers_, ref.cluster_centers_)
+    assert got.inertia_ == ref.inertia_
+    assert got.history_[0]["seeding_cost"] == pytest.approx(ref.history_[0]["seeding_cost"], rel=1e-12)
+
+
 @pytest.mark.parametrize("direct", [True, False])
 def test_phases_recorded_and_scheduler_hop(inproc_client, tmp_path_factory, data, direct):
     """Each iteration's phases are kept (driver and shard tasks); through the scheduler or straight to the

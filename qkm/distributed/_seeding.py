@@ -165,7 +165,8 @@ def potential(sd, centers):
         c_sq = np.asarray(C.multiply(C).sum(axis=1), dtype=np.float64).ravel()
     else:
         c_sq = centroid_sq_norms(C)
-    return float(sd.map_reduce(potential_task, (C, c_sq)).wcss)
+    # a worker lost meanwhile: the same sum again on the shards' new owners
+    return float(sd.retrying(lambda rebuild: sd.map_reduce(potential_task, (C, c_sq)).wcss))
 
 
 def initial_seeds(seeding, sd, n_clusters, rng, key, sparse_centers=False):
@@ -184,15 +185,21 @@ def initial_seeds(seeding, sd, n_clusters, rng, key, sparse_centers=False):
         raise ValueError("init_sample is not supported on shards: the seeding runs on the whole data up to "
                          "ShardedData(init_sample_size=...) rows, on a uniform sample of that size past it.")
     t0 = time.perf_counter()
-    if seeding.init == "random":
-        centers, rows = _random_rows(sd, n_clusters, rng, sparse_centers), sd.n_rows
-    elif seeding.init == "k-means||":
+    if seeding.init == "k-means||":  # retried inside, round by round state on the workers
         centers, rows = _kmeans_parallel(seeding, sd, n_clusters, rng, key, sparse_centers), sd.n_rows
-    else:  # k-means++ or D^2-seeding on the driver, on the whole data or a sample of it
-        sample = _sample(sd, rng)
-        data = KMeansData(sample)
-        seeds = run_seeding(seeding, data, n_clusters, rng, sparse_centers)
-        centers, rows = seeds.centers, data.n_samples
+    else:
+        state = rng.get_state()
+
+        def attempt(rebuild):
+            if rebuild:  # a worker was lost while rows were fetched: the same draws again
+                rng.set_state(state)
+            if seeding.init == "random":
+                return _random_rows(sd, n_clusters, rng, sparse_centers), sd.n_rows
+            # k-means++ or D^2-seeding on the driver, on the whole data or a sample of it
+            data = KMeansData(_sample(sd, rng))
+            return run_seeding(seeding, data, n_clusters, rng, sparse_centers).centers, data.n_samples
+
+        centers, rows = sd.retrying(attempt)
     seconds = time.perf_counter() - t0
     centers = _as_centers(centers, sd.dtype)
     return Seeds(centers, potential(sd, centers), seconds, seeding.init, rows)
