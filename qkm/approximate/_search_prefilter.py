@@ -41,8 +41,8 @@ ROW_PREFETCH_AHEAD = 1
 
 #: :func:`bound_lists` pads a list's group of queries with zero rows to a multiple of this many: the BLAS product
 #: of 13 queries (the mean group on Fashion-MNIST, nprobe 13) by a list's (192, 61) block took longer than that of
-#: 16, and the whole bounds phase ran 10-14 % faster with the padding and the slices hoisted out of its epilogue
-#: (batches of 1,000, 1 thread, interleaved, load 15-20).
+#: 16, and the whole bounds phase ran 5-14 % faster with the padding and the slices hoisted out of its epilogue
+#: (batches of 1,000, 1 thread, three interleaved runs, load 9-20).
 QUERY_PAD = 8
 
 #: :func:`choose_lists` decides from the BLAS products up to this ``nprobe`` (its selection costs ``nprobe`` per
