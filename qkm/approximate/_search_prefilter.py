@@ -39,12 +39,6 @@ from ._search_probe import _center_distances, _choice_buffers, _codes, _project,
 #: Candidates looked ahead when prefetching rows for their exact distance.
 ROW_PREFETCH_AHEAD = 1
 
-#: :func:`bound_lists` pads a list's group of queries with zero rows to a multiple of this many: the BLAS product
-#: of 13 queries (the mean group on Fashion-MNIST, nprobe 13) by a list's (192, 61) block took longer than that of
-#: 16, and the whole bounds phase ran 5-14 % faster with the padding and the slices hoisted out of its epilogue
-#: (batches of 1,000, 1 thread, three interleaved runs, load 9-20).
-QUERY_PAD = 8
-
 #: :func:`choose_lists` decides from the BLAS products up to this ``nprobe`` (its selection costs ``nprobe`` per
 #: list at worst); beyond, every query takes the single-query path's choice.
 CHOOSE_MAX_NPROBE = 64
@@ -61,14 +55,13 @@ def bound_lists(c0, c1, U, un, rq, coords_t, yn, ry, offsets, grp_ptr, grp_q, gr
     ``yn`` (n,): their ``||y||^2``; ``ry`` (n,) float32: the rows' norms
     beyond them. OUT ``bounds`` (float32), ``pos`` (row positions) at the
     slots of :func:`qkm.approximate._search_batch.group`. One BLAS product
-    per list (run it with one BLAS thread: the products are small), its
-    queries padded with zero rows to a multiple of ``QUERY_PAD``.
+    per list (run it with one BLAS thread: the products are small).
     """
     m = U.shape[1]
     most = 0
     for c in range(c0, c1):
         most = max(most, grp_ptr[c + 1] - grp_ptr[c])
-    G = np.zeros(((max(most, 1) + QUERY_PAD - 1) // QUERY_PAD * QUERY_PAD, m), dtype=np.float32)
+    G = np.empty((max(most, 1), m), dtype=np.float32)
     for c in range(c0, c1):
         g0 = grp_ptr[c]
         g = grp_ptr[c + 1] - g0
@@ -76,27 +69,18 @@ def bound_lists(c0, c1, U, un, rq, coords_t, yn, ry, offsets, grp_ptr, grp_q, gr
         n_c = offsets[c + 1] - lo
         if g == 0 or n_c == 0:
             continue
-        g_pad = (g + QUERY_PAD - 1) // QUERY_PAD * QUERY_PAD
         for j in range(g):
             G[j] = U[grp_q[g0 + j]]
-        for j in range(g, g_pad):  # zero rows: their products are not read
-            G[j] = 0.0
-        dots = np.dot(G[:g_pad], coords_t[m * lo:m * (lo + n_c)].reshape((m, n_c)))
-        yl = yn[lo:lo + n_c]
-        rl = ry[lo:lo + n_c]
+        dots = np.dot(G[:g], coords_t[m * lo:m * (lo + n_c)].reshape((m, n_c)))
         for j in range(g):
             q = grp_q[g0 + j]
             s0 = grp_slot[g0 + j]
             uq = un[q]
             rqq = rq[q]
-            dj = dots[j]
-            out = bounds[s0:s0 + n_c]
-            where = pos[s0:s0 + n_c]
             for r in range(n_c):
-                e = rqq - np.float64(rl[r])
-                out[r] = np.float32(uq + yl[r] - 2.0 * np.float64(dj[r]) + e * e)
-            for r in range(n_c):
-                where[r] = lo + r
+                e = rqq - np.float64(ry[lo + r])
+                bounds[s0 + r] = np.float32(uq + yn[lo + r] - 2.0 * np.float64(dots[j, r]) + e * e)
+                pos[s0 + r] = lo + r
 
 
 @njit(**_JIT)
