@@ -158,15 +158,3 @@ def add_batch_study_args(p, repo):
     p.add_argument("--data-dir", default=str(repo.parent / "shared" / "data"))
     p.add_argument("--cache-dir", default=str(repo / "benchmarks" / ".cache"))
     p.add_argument("--out", default=None, help="write <out>.json and <out>.md")
-
-
-def load_batch_study(args):
-    """``(X, Q, index)`` of a batch-path study: Fashion-MNIST and ``ann.py``'s cached index, BLAS on one thread."""
-    from threadpoolctl import threadpool_limits
-
-    from ann import cached_fmnist_index, load_fashion
-
-    threadpool_limits(1)
-    X, Q = load_fashion(args.data_dir)
-    threadpool_limits(1)  # the libraries loaded since
-    return X, Q, cached_fmnist_index(args.cache_dir, X)

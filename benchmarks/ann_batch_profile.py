@@ -55,12 +55,18 @@ def phases(lists, Q, k, nprobe):
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, default=5)
-    from _ann_peers import add_batch_study_args, load_batch_study
+    from _ann_peers import add_batch_study_args
     add_batch_study_args(p, REPO)
     args = p.parse_args()
+    from threadpoolctl import threadpool_limits
+
+    from ann import cached_fmnist_index, load_fashion
     from qkm._threads import numba_threads
 
-    X, Q, index = load_batch_study(args)
+    threadpool_limits(1)
+    X, Q = load_fashion(args.data_dir)
+    threadpool_limits(1)  # the libraries loaded since
+    index = cached_fmnist_index(args.cache_dir, X)
     lists = index._lists
     nprobe = index.nprobe_
     batches = [np.ascontiguousarray(Q[s:s + 1000], dtype=np.float64) for s in range(0, min(args.queries, len(Q)), 1000)]
