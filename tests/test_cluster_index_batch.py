@@ -91,6 +91,29 @@ def test_batch_paths_break_ties_by_index(path):
     np.testing.assert_array_equal(d1, d2)
 
 
+@pytest.mark.parametrize("store, path", [("float32", "prefiltered"), ("int8", "grouped"), ("float32", "grouped")])
+def test_batch_paths_exact_with_duplicated_and_nearly_equal_rows(wide, km, store, path):
+    """Exact ties (duplicated rows, queries on them) and near ties (rows 1e-6 apart) in lists probed by groups of
+    queries of every size (the pre-filtered path pads each group): the batch path equals the per-query path, and
+    with every list probed the brute-force neighbours (ties to the lowest row id)."""
+    X, Xq = wide
+    rng = np.random.RandomState(1)
+    X2 = np.vstack([X[:300], X[:60], X[60:120] + 1e-6 * rng.standard_normal((60, X.shape[1]))])
+    Q = np.vstack([Xq, X[:20], X[60:70] + 5e-7])
+    index = ClusterIndex(km, nprobe=1, n_lists=11, store=store, random_state=0).fit(X2)
+    lists = index._lists
+    diff = X2[None, :, :] - Q[:, None, :]
+    brute = np.einsum("ijk,ijk->ij", diff, diff)
+    for nprobe in (1, 3, index.n_lists_):
+        for k in (1, 3, 7):
+            (d1, i1), (d2, i2) = _both(lists, Q, k, nprobe, path=path)
+            np.testing.assert_array_equal(i1, i2)
+            np.testing.assert_array_equal(d1, d2)
+            if nprobe == index.n_lists_:
+                np.testing.assert_array_equal(i2, np.argsort(brute, axis=1, kind="stable")[:, :k])
+                np.testing.assert_allclose(d2 ** 2, np.take_along_axis(brute, i2, axis=1), rtol=1e-12, atol=1e-12)
+
+
 @pytest.mark.parametrize("path", PATHS)
 def test_batch_paths_reject_csr_and_non_finite_queries(wide, km, path):
     import scipy.sparse as sp

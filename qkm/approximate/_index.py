@@ -384,6 +384,50 @@ class InvertedLists:
         _run_grouped(None, probe, np.zeros(2, dtype=np.int64), n_q, n_threads)
         return Z, nq, chosen, n_chosen
 
+    def _last_residuals(self):
+        """The rows' norms beyond all their stored coordinates (list order, float32), contiguous, computed once."""
+        if getattr(self, "_ry", None) is None:
+            resid = self.ix[9]
+            self._ry = np.ascontiguousarray(resid[:, resid.shape[1] - 1])
+        return self._ry
+
+    def prefilter_plan(self, Q, k, nprobe, given=None, n_threads=1):
+        """Everything the pre-filtered path's bounds and re-ranking take, before the lists are read.
+
+        ``Q`` (n_q, D) float64 queries. Returns ``(base, (grp_ptr, grp_q,
+        grp_slot), U, un, rq, nq, err, bounds, pos)``: the slots and groups of
+        :func:`qkm.approximate._search_batch.group`, the queries' float32
+        coordinates ``U``, ``||U||^2``, their norms beyond them ``rq``,
+        ``||q - mean||^2``, the rounding allowance of their bounds, and the
+        (unset) bounds and row positions of every slot.
+        """
+        n_q = Q.shape[0]
+        h = self.head_dims
+        if given is None and self._plain_codec():  # every coordinate from BLAS, the lists chosen from BLAS products
+            Z, nq, chosen, n_chosen = self.batch_choose(Q, k, nprobe, n_threads)
+            with np.errstate(invalid="ignore", over="ignore"):
+                U = Z.astype(np.float32)
+                rq = np.sqrt(np.maximum(nq - np.einsum("ij,ij->i", Z, Z), 0.0))
+        else:
+            zh, nq, chosen, n_chosen = self.batch_probe(Q, k, nprobe, given, n_threads)
+            with np.errstate(invalid="ignore", over="ignore"):
+                Zt = coordinates(Q, self.mean, self.basis, h)
+                U = np.empty((n_q, self.n_coords), dtype=np.float32)
+                U[:, :h], U[:, h:] = zh, Zt
+                rq = np.sqrt(np.maximum(nq - np.einsum("ij,ij->i", zh, zh) - np.einsum("ij,ij->i", Zt, Zt), 0.0))
+        base, grp_ptr, grp_q, grp_slot = SB.group(chosen, n_chosen, self.sizes)
+        with np.errstate(invalid="ignore", over="ignore"):
+            un = np.einsum("ij,ij->i", U, U, dtype=np.float64)
+        znmax = self._coordinate_norms()[1]
+        terms = self.n_coords + 4
+        unit = np.finfo(np.float32).eps / 2
+        err = 2.0 * terms * unit / (1.0 - terms * unit) * (un + znmax) * 1.0001
+        # the bounds are kept in float32: |b| <= 2 (||u||^2 + max ||y||^2) + r_q^2 + max r_y^2, rounded by 2^-24 |b|
+        err += 2.0 ** -23 * (2.0 * (un + znmax) + nq + self.nmax)
+        bounds = np.empty(base[-1], dtype=np.float32)
+        pos = np.empty(base[-1], dtype=np.int32 if self.row_ids.shape[0] < 2 ** 31 else np.int64)
+        return base, (grp_ptr, grp_q, grp_slot), U, un, rq, nq, err, bounds, pos
+
     def search_prefiltered(self, X, k, nprobe, given=None, n_threads=1):
         """``search`` by the pre-filtered batch path (dense rows, float32 coordinates).
 
@@ -400,33 +444,10 @@ class InvertedLists:
         if n_q == 0:
             return out_d, out_i
         Q = self._queries(X)[0]
-        h = self.head_dims
-        if given is None and self._plain_codec():  # every coordinate from BLAS, the lists chosen from BLAS products
-            Z, nq, chosen, n_chosen = self.batch_choose(Q, k, nprobe, n_threads)
-            with np.errstate(invalid="ignore", over="ignore"):
-                U = Z.astype(np.float32)
-                rq = np.sqrt(np.maximum(nq - np.einsum("ij,ij->i", Z, Z), 0.0))
-        else:
-            zh, nq, chosen, n_chosen = self.batch_probe(Q, k, nprobe, given, n_threads)
-            with np.errstate(invalid="ignore", over="ignore"):
-                Zt = coordinates(Q, self.mean, self.basis, h)
-                U = np.empty((n_q, self.n_coords), dtype=np.float32)
-                U[:, :h], U[:, h:] = zh, Zt
-                rq = np.sqrt(np.maximum(nq - np.einsum("ij,ij->i", zh, zh) - np.einsum("ij,ij->i", Zt, Zt), 0.0))
-        base, grp_ptr, grp_q, grp_slot = SB.group(chosen, n_chosen, self.sizes)
+        plan = self.prefilter_plan(Q, k, nprobe, given, n_threads)
+        base, (grp_ptr, grp_q, grp_slot), U, un, rq, nq, err, bounds, pos = plan
         ix = self.ix
-        with np.errstate(invalid="ignore", over="ignore"):
-            un = np.einsum("ij,ij->i", U, U, dtype=np.float64)
-        zn, znmax = self._coordinate_norms()
-        resid = self.ix[9]
-        ry = np.ascontiguousarray(resid[:, resid.shape[1] - 1])
-        terms = self.n_coords + 4
-        unit = np.finfo(np.float32).eps / 2
-        err = 2.0 * terms * unit / (1.0 - terms * unit) * (un + znmax) * 1.0001
-        # the bounds are kept in float32: |b| <= 2 (||u||^2 + max ||y||^2) + r_q^2 + max r_y^2, rounded by 2^-24 |b|
-        err += 2.0 ** -23 * (2.0 * (un + znmax) + nq + self.nmax)
-        bounds = np.empty(base[-1], dtype=np.float32)
-        pos = np.empty(base[-1], dtype=np.int32 if self.row_ids.shape[0] < 2 ** 31 else np.int64)
+        zn, ry = self._coordinate_norms()[0], self._last_residuals()
         most = int(np.diff(base).max())
 
         def scan(c0, c1):
