@@ -161,6 +161,7 @@ def extract_20news(data_dir, cache_dir):
         return target
     if target.exists():
         shutil.rmtree(target)  # a previous extraction was interrupted
+    Path(cache_dir).mkdir(parents=True, exist_ok=True)  # a fresh clone has no cache yet
     tmp = Path(tempfile.mkdtemp(prefix=".20news-bydate.", dir=cache_dir))
     with tarfile.open(Path(data_dir) / "20newsgroups" / "20news-bydate.tar.gz") as tar:
         try:
