@@ -83,13 +83,24 @@ def iteration_phases(start, end, events, driver_pid):
     return out
 
 
+def _pin_process(cpu):
+    """Pin every thread of the calling (worker) process to ``cpu`` (threads it starts later inherit it)."""
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            os.sched_setaffinity(int(tid), {cpu})
+        except OSError:  # a thread that ended meanwhile
+            pass
+    return cpu
+
+
 def run_config(spec):
     import numpy as np
     from distributed import Client, LocalCluster
 
     from qkm.distributed import ShardedData
 
-    workers = int(spec["config"][-2])
+    pin = spec["config"].endswith("-pin")  # each worker process on a CPU of its own
+    workers = int(spec["config"].removesuffix("-pin")[-2])
     C0 = np.load(spec["init"])
     algorithm = spec["algorithm"]
     warm_up = "qkmeans-warm-up" if algorithm == "qkmeans" else algorithm
@@ -97,6 +108,10 @@ def run_config(spec):
     with LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, host="127.0.0.1",
                       dashboard_address=None, worker_dashboard_address=None, memory_limit=0) as cluster, \
             Client(cluster) as client:
+        if pin:  # worker i (sorted addresses) on CPU i of this process's mask, every thread of it
+            cpus = sorted(os.sched_getaffinity(0))
+            for i, address in enumerate(sorted(client.scheduler_info()["workers"])):
+                client.run(_pin_process, cpus[i % len(cpus)], workers=[address])
         sd = ShardedData(spec["directory"], client)
         DB.make_estimator(warm_up, C0, 1).fit(sd)
         km = DB.make_estimator(algorithm, C0, spec["iters"], None, spec.get("palm_warm_iter", 2)).fit(sd)
@@ -174,9 +189,14 @@ def summarise(results, meta):
         lines.append(f"* {r['config']}: {r['seconds_per_iter']:.3f} s/iter (fit's own timing), inertia "
                      f"{r['inertia']!r}, load 1-min {r['load']['before'][0]:.1f} / {r['load']['after'][0]:.1f}")
     for prefix in ("ref-", ""):
-        if {prefix + "dask-1w", prefix + "dask-2w"} <= set(tables):
-            t1, t2 = tables[prefix + "dask-1w"]["seconds"], tables[prefix + "dask-2w"]["seconds"]
-            lines.append(f"* {prefix}dask-2w vs {prefix}dask-1w (medians of the phase runs): {t1 / t2:.2f}x")
+        for two, one in ((f"{prefix}dask-2w", f"{prefix}dask-1w"), (f"{prefix}dask-2w-pin", f"{prefix}dask-1w"),
+                         (f"{prefix}dask-2w-pin", f"{prefix}dask-1w-pin")):
+            if {one, two} <= set(tables):
+                t1, t2 = tables[one]["seconds"], tables[two]["seconds"]
+                fit1 = statistics.median(r["seconds_per_iter"] for r in results if r["config"] == one)
+                fit2 = statistics.median(r["seconds_per_iter"] for r in results if r["config"] == two)
+                lines.append(f"* {two} vs {one} (medians of the phase runs): {t1 / t2:.2f}x; (medians of the fits' "
+                             f"own s/iter): {fit1 / fit2:.2f}x")
     return "\n".join(lines) + "\n"
 
 
@@ -309,7 +329,9 @@ def main():
     p.add_argument("--iters", type=int, default=3)
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--algorithm", default="lloyd", choices=["lloyd", "qkmeans"])
-    p.add_argument("--configs", default="dask-1w,dask-2w")
+    p.add_argument("--configs", default="dask-1w,dask-2w",
+                   help="dask-Nw: a LocalCluster of N worker processes; dask-Nw-pin: the same, worker i pinned to "
+                        "CPU i; ref-dask-Nw: with --ref-src")
     p.add_argument("--rows", type=int, default=2_000_000)
     p.add_argument("--features", type=int, default=100_000)
     p.add_argument("--density", type=float, default=1e-4)
