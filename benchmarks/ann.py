@@ -117,7 +117,7 @@ def cached_fmnist_index(cache_dir, X):
 def load_20news(data_dir, cache_dir):
     """(train, test) tf-idf rows: train_sparse.py's matrix (train then test) split at the train document count."""
     sys.path.insert(0, str(REPO / "benchmarks"))
-    import train_sparse as ts
+    import _bench_data as ts
 
     X = ts.load_array(ts.ensure_matrix("20news-tfidf", data_dir, cache_dir, None))
     root = ts.extract_20news(data_dir, cache_dir) / "20news-bydate-train"

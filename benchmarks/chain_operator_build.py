@@ -24,7 +24,7 @@ import numba
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import train_sparse as ts  # noqa: E402
+import _bench_data as ts  # noqa: E402
 from _machine import cpu_name  # noqa: E402
 
 from qkm import _config  # noqa: E402

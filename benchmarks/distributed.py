@@ -60,7 +60,7 @@ import scipy.sparse as sp
 
 BENCH_DIR = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH_DIR))
-import train_sparse as TS  # noqa: E402  (the 20 Newsgroups vectoriser and cache)
+import _bench_data as TS  # noqa: E402  (the 20 Newsgroups vectoriser and cache)
 from _machine import cpu_name  # noqa: E402
 
 # this file is named like the dask package: keep its folder off the path so `import distributed` finds dask's

@@ -38,7 +38,7 @@ def main():
     from sklearn.cluster import kmeans_plusplus as sk_pp
 
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    import train_sparse as ts
+    import _bench_data as ts
 
     import qkm
 

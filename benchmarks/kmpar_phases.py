@@ -34,7 +34,7 @@ from pathlib import Path  # noqa: E402
 import numpy as np  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import train_sparse as ts  # noqa: E402
+import _bench_data as ts  # noqa: E402
 
 from qkm._data import KMeansData  # noqa: E402
 from qkm.clustering import _seeding_kernels as S_  # noqa: E402

@@ -47,7 +47,7 @@ import numpy as np
 BENCH_DIR = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH_DIR))
 
-import train_sparse as ts  # noqa: E402  (loaders, caches, common objective, memory window)
+import _bench_data as ts  # noqa: E402  (loaders, caches, common objective, memory window)
 from _machine import cpu_name  # noqa: E402
 
 DEFAULT_OUT = BENCH_DIR / "results" / "qkmeans_sparse"

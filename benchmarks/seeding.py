@@ -54,7 +54,7 @@ import numpy as np  # noqa: E402
 import scipy.sparse as sp  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import train_sparse as ts  # noqa: E402
+import _bench_data as ts  # noqa: E402
 from _machine import cpu_name  # noqa: E402
 
 DATASETS = {  # name: (loader key, K)

@@ -44,7 +44,7 @@ import numpy as np  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import seeding as sb  # noqa: E402
-import train_sparse as ts  # noqa: E402
+import _bench_data as ts  # noqa: E402
 from _machine import cpu_name  # noqa: E402
 
 DEFAULT_METHODS = "d2-seeding N=10k,k-means++,greedy k-means++"

@@ -152,7 +152,7 @@ def onedal(X, K, seed, method):
 
 
 def _capped_child(conn, path, K, seed, method):
-    import train_sparse as ts
+    import _bench_data as ts
 
     X = ts.load_array(path)
     conn.send(onedal(X, K, seed, method)[0])
@@ -253,7 +253,7 @@ def main():
         return
     import scipy
     import sklearn
-    import train_sparse as ts
+    import _bench_data as ts
     from _machine import cpu_name
 
     from qkm._data import KMeansData
