@@ -84,7 +84,10 @@ def iteration_phases(start, end, events, driver_pid):
 
 
 def _pin_process(cpu):
-    """Pin every thread of the calling (worker) process to ``cpu`` (threads it starts later inherit it)."""
+    """Pin every thread of the calling (worker) process to ``cpu`` (threads it starts later inherit it).
+
+    A copy of ``parallel_ceiling.py``'s ``_pin``, on purpose: the Dask workers cannot import the benchmark
+    folder's modules (``_machine``), so the function travels by value from this script."""
     for tid in os.listdir("/proc/self/task"):
         try:
             os.sched_setaffinity(int(tid), {cpu})
