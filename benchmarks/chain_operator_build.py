@@ -28,9 +28,9 @@ import _bench_data as ts  # noqa: E402
 from _machine import cpu_name  # noqa: E402
 
 from qkm import _config  # noqa: E402
-from qkm.factorization._chain import FactorChainOperator  # noqa: E402
-from qkm.factorization._chain_calibration import ChainCalibration  # noqa: E402
-from qkm.factorization._chain_layout import random_chain  # noqa: E402
+from qkm.operator._chain import FactorChainOperator  # noqa: E402
+from qkm.operator._chain_calibration import ChainCalibration  # noqa: E402
+from qkm.operator._chain_layout import random_chain  # noqa: E402
 
 MODES = ("fold V (before)", "streamed norms", "norms given")
 

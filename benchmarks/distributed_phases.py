@@ -219,9 +219,9 @@ def micro(args, directory, init, reps):
 
     from qkm._data import KMeansData
     from qkm._reduce import means_from_csr_sums
-    from qkm._shards import load_shard, read_manifest
+    from qkm.io._shards import load_shard, read_manifest
     from qkm.distributed import _packs
-    from qkm.factorization._kernels import centroid_sq_norms
+    from qkm._kernels import centroid_sq_norms
     from qkm.operator import DenseOperator
 
     X, _ = load_shard(read_manifest(directory), 0, verify=False)

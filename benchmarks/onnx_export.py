@@ -9,7 +9,7 @@ Models:
 * ``fmnist 64x784``: ``qkm.QKMeans(64, sparsity_level=3, random_state=0)`` fitted on the
   Fashion-MNIST training images (60,000 x 784, /255; Q = 9), factors cached in
   ``benchmarks/.cache/onnx_fmnist_qkm64_s3_rs0.npz``; timing batches are test images;
-* ``random 256x2352`` and ``random 1024x4096``: ``qkm.factorization._chain_layout.random_chain(K, D, s=3)``
+* ``random 256x2352`` and ``random 1024x4096``: ``qkm.operator._chain_layout.random_chain(K, D, s=3)``
   (Q = 12, float32); timing batches are random rows near the centroids.
 
 For each model the script writes five graphs: qkm's ``dense``, ``sparse``, ``hybrid`` and
@@ -122,7 +122,7 @@ def main():
 
     sys.path.insert(0, str(REPO))
     import qkm
-    from qkm.factorization._chain_layout import random_chain
+    from qkm.operator._chain_layout import random_chain
     from qkm.export import Model, to_onnx
     from qkm.export.onnx import onnx_session
     from qkm.operator import FactorChainOperator

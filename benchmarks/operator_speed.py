@@ -6,7 +6,7 @@ Rerun (from the repository root):
     .venv/bin/python benchmarks/operator_speed.py --threads 2 --out benchmarks/results/operator_speed_2threads
 
 For every (K, D, s) a random float32 chain is built with the QK-means supports
-(``qkm.factorization._chain_layout.random_chain``: square factors with exactly s nonzeros per row
+(``qkm.operator._chain_layout.random_chain``: square factors with exactly s nonzeros per row
 and column, the rectangular one with s per line of its longer side,
 Q = ceil(log2 max(K, D)) factors). For every batch size B the script times,
 in interleaved rounds (one call of each method per round, repeated inside a
@@ -67,7 +67,7 @@ def main():
     import scipy
 
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    from qkm.factorization._chain_layout import random_chain
+    from qkm.operator._chain_layout import random_chain
     from qkm.operator import FactorChainOperator
 
     def per_call(fn, min_s):

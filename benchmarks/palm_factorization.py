@@ -61,7 +61,7 @@ def main():
 
     sys.path.insert(0, REPO)
     import qkm
-    from qkm.palm4msa import chain_shapes, factorize, hierarchical_palm4msa, palm4msa, project_splincol
+    from qkm.factorization import chain_shapes, factorize, hierarchical_palm4msa, palm4msa, project_splincol
 
     faust = None if args.no_faust or args.quick else _import_faust()
 
@@ -219,7 +219,7 @@ class _Quiet:
 def _faust_hierarchical(faust, U, Q, s, its):
     import numpy as np
 
-    from qkm.palm4msa import chain_shapes
+    from qkm.factorization import chain_shapes
 
     K, D = U.shape
     A = min(K, D)

@@ -149,7 +149,7 @@ def main():
     sys.path.insert(0, str(REPO))
     import qkm
     from qkm.clustering._base import operator_of
-    from qkm.factorization._lsq import paper_n_factors
+    from qkm.factorization._shapes import paper_n_factors
 
     try:
         import faiss

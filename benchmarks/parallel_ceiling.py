@@ -161,7 +161,7 @@ def worker(conn, barrier, directory, shard_ids, own_session):
     if own_session:  # its own session, hence its own autogroup: a fair share of the CPUs of its own
         os.setsid()
     from qkm import _config
-    from qkm._shards import read_manifest
+    from qkm.io._shards import read_manifest
     from qkm.distributed import _shard_tasks as T
 
     everywhere = os.sched_getaffinity(0)
@@ -231,7 +231,7 @@ def step1_pack(workers, C0, all_ids):
     order; empty clusters keep their centre), and the pack of ``C0`` itself."""
     from qkm._reduce import means_from_csr_sums
     from qkm.distributed import _shard_tasks as T
-    from qkm.factorization._kernels import centroid_sq_norms
+    from qkm._kernels import centroid_sq_norms
 
     init = pickle.dumps(T.compact_pack((C0, centroid_sq_norms(C0))))
     parts = workers.run("partials", {0: {"pack": init, "ids": all_ids, "cpus": ()}})[0]
@@ -415,8 +415,8 @@ def main():
     args.datasets, args.ks = ["generated"], [args.k]
     sets, inits = DB.prepare(args)
     directory = sets["generated"]
-    from qkm._shards import read_manifest
-    from qkm.distributed import _balanced_slots
+    from qkm.io._shards import read_manifest
+    from qkm.distributed._sharded_data import _balanced_slots
 
     manifest = read_manifest(directory)
     n_shards = len(manifest["shards"])

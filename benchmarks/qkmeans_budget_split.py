@@ -7,7 +7,7 @@ Rerun (from the repository root; parts may run side by side and be merged with `
 Both splits keep ``sum s * max(rows, cols)`` values in the chain. ``"even"``
 gives every factor ``s * max(rows, cols)`` (the reference code's nominal
 budget); ``"wide"`` gives every factor but the widest ``(s - 1) * max(rows,
-cols)`` and the widest the rest (see ``qkm.factorization._lsq.factor_budgets``).
+cols)`` and the widest the rest (see ``qkm.factorization._shapes.factor_budgets``).
 A variant ``split/n`` also runs ``n`` least-squares sweeps on the seeds after
 the hierarchical start (the private ``_ChainFitter.INIT_SWEEPS``, 0 in the
 package, patched for the run: an experiment only); without them the start is

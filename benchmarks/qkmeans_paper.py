@@ -127,10 +127,10 @@ def run_cell(name, X, y, K, seed, tmp_path):
     from sklearn.metrics import adjusted_mutual_info_score
 
     import qkm
-    from qkm.clustering._qkmeans import default_n_factors
-    from qkm.factorization._lsq import paper_n_factors
+    from qkm.factorization._shapes import default_n_factors
+    from qkm.factorization._shapes import paper_n_factors
     from qkm.operator import FactorChainOperator
-    from qkm.palm4msa import factorize, hierarchical_palm4msa
+    from qkm.factorization import factorize, hierarchical_palm4msa
 
     n, D = X.shape
     Q, paper_Q = default_n_factors(K, D), paper_n_factors(K, D)   # QK-means' default chain, the paper's

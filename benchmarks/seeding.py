@@ -244,7 +244,7 @@ def goals(summary):
 
 
 def write_reports(out, meta, rows, study):
-    from qkm import __version__
+    from qkm._version import __version__
 
     datasets = list(dict.fromkeys(r["dataset"] for r in rows))
     methods = list(dict.fromkeys(r["method"] for r in rows))

@@ -9,15 +9,41 @@ The file is a joblib dump of a small envelope
 so that loading can say what it found instead of returning any object.
 """
 
+import contextlib
+import importlib
+import sys
+
 import joblib
 
-from qkm import __version__
-from qkm._atomic import atomic_open
+from qkm._version import __version__
+from qkm.io._atomic import atomic_open
 
 from ._model import _split_fitted
 from ._safe import ModelFormatError
 
 __all__ = ["JOBLIB_FORMAT_VERSION", "load_joblib", "save_joblib"]
+
+#: Modules whose classes a pickle may name by the path they had before the package's folders were laid out
+#: (old path -> today's): an artefact written then names its operator as ``qkm.factorization._chain...``.
+MOVED_MODULES = {
+    "qkm.factorization._operator_base": "qkm.operator._base",
+    "qkm.factorization._chain": "qkm.operator._chain",
+    "qkm.factorization._chain_calibration": "qkm.operator._chain_calibration",
+    "qkm.factorization._chain_layout": "qkm.operator._chain_layout",
+}
+
+
+@contextlib.contextmanager
+def _old_module_paths():
+    """Make the old paths of :data:`MOVED_MODULES` importable while a pickle loads, then remove them."""
+    added = [old for old in MOVED_MODULES if old not in sys.modules]
+    for old in added:
+        sys.modules[old] = importlib.import_module(MOVED_MODULES[old])
+    try:
+        yield
+    finally:
+        for old in added:
+            sys.modules.pop(old, None)
 
 JOBLIB_FORMAT = "qkm-joblib"
 JOBLIB_FORMAT_VERSION = 1
@@ -60,7 +86,8 @@ def load_joblib(path):
         Truncated or corrupted file, not a qkm artefact, or a newer format.
     """
     try:
-        envelope = joblib.load(path)
+        with _old_module_paths():
+            envelope = joblib.load(path)
     except (EOFError, ValueError, KeyError, IndexError, OSError, ImportError, AttributeError, TypeError) as exc:
         raise ModelFormatError(f"{path}: not a readable joblib artefact (truncated or another kind of file: {exc!r}).") from exc
     except Exception as exc:  # unpickling can raise anything (e.g. UnpicklingError)

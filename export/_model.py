@@ -13,7 +13,7 @@ import hashlib
 import numpy as np
 import scipy.sparse as sp
 
-from qkm import __version__
+from qkm._version import __version__
 
 __all__ = ["Model", "as_model", "data_fingerprint", "operator_arrays"]
 
@@ -74,7 +74,7 @@ def _json_params(estimator):
 
 def _estimator_metadata(estimator):
     """Training facts of a fitted KMeans / QKMeans / LowRankKMeans."""
-    from qkm import KMeans, QKMeans
+    from qkm.clustering import KMeans, QKMeans
 
     if isinstance(estimator, KMeans):
         algorithm = estimator.algorithm
@@ -96,7 +96,8 @@ def _estimator_metadata(estimator):
 
 def _split_fitted(obj):
     """(operator, training metadata, index, nystroem) of a fitted estimator, index, Nyström map or Model."""
-    from qkm import ClusterIndex, KMeans, LowRankKMeans, Nystroem, QKMeans
+    from qkm.approximate import ClusterIndex, Nystroem
+    from qkm.clustering import KMeans, LowRankKMeans, QKMeans
 
     if isinstance(obj, Model):
         return obj.operator, dict(obj.metadata), obj.index, obj.nystroem

@@ -34,8 +34,8 @@ import zipfile
 
 import numpy as np
 
-from qkm import __version__
-from qkm._atomic import atomic_open
+from qkm._version import __version__
+from qkm.io._atomic import atomic_open
 
 from ._model import Model, content_checksum, operator_arrays
 
@@ -311,9 +311,9 @@ def _load(f, path):
     for part, info in parts.items():
         if part not in _PARTS or not isinstance(info, dict):
             raise ModelFormatError(f"{path}: unknown model part {part!r}; it needs a newer qkm.")
-        import qkm
+        from qkm import approximate
 
-        cls = getattr(qkm, _PARTS[part])
+        cls = getattr(approximate, _PARTS[part])
         prefix = part + "."
         part_arrays = {name[len(prefix):]: arr for name, arr in arrays.items() if name.startswith(prefix)}
         try:

@@ -226,8 +226,8 @@ def to_onnx(model, path=None, *, encoding="auto", scores=False, opset=None, samp
     >>> {p.key: p.value for p in auto.metadata_props}["qkm.encoding"] in ("sparse", "hybrid", "dense")
     True
     """
-    from qkm import __version__
-    from qkm._atomic import atomic_open
+    from qkm._version import __version__
+    from qkm.io._atomic import atomic_open
 
     from ._model import as_model
 

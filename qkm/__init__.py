@@ -13,12 +13,9 @@ Examples
 1.0
 """
 
-__version__ = "0.1.0"
-
-from .clustering._kmeans import KMeans, kmeans_plusplus, seed_centers
-from .clustering._qkmeans import LowRankKMeans, QKMeans
-from .neighbors import ClusterIndex
-from .nystroem import Nystroem, kernel_approximation_error
+from ._version import __version__
+from .clustering import KMeans, LowRankKMeans, QKMeans, kmeans_plusplus, seed_centers
+from .approximate import ClusterIndex, Nystroem, kernel_approximation_error
 
 __all__ = [
     "ClusterIndex",

@@ -73,6 +73,12 @@ _DEFAULTS = dict(
     FOLD_MAX_BYTES=FOLD_MAX_BYTES,
 )
 
+#: The options every numba kernel of qkm is compiled with (``@njit(**_JIT)``; the style test checks it):
+#: cached, releasing the GIL, ``fastmath`` from :data:`FASTMATH`. ``_JIT_DOT`` is for dense dot products
+#: that may be reassociated (:data:`FASTMATH_DENSE_DOT`). Read once, when a kernel module is imported.
+_JIT = dict(cache=CACHE, nogil=True, fastmath=FASTMATH)
+_JIT_DOT = dict(_JIT, fastmath=FASTMATH_DENSE_DOT)
+
 
 def _reset():
     """Restore every tunable to its default value."""

@@ -19,10 +19,10 @@ import numpy as np
 import scipy.sparse as sp
 
 from . import _config
-from .factorization import _kernels as K_
+from . import _kernels as K_
 from . import _reduce
-from .factorization._kernels import centroid_sq_norms
-from .clustering._empty import relocate_empty_clusters, relocate_empty_clusters_csr, replace_rows
+from ._kernels import centroid_sq_norms
+from ._empty import relocate_empty_clusters, relocate_empty_clusters_csr, replace_rows
 
 class StorageChooser:
     """Chooses the layout of C^T for sparse data by measured wall-clock time.
@@ -282,7 +282,7 @@ class KMeansData:
         precision as :meth:`update` stores it, so the values are those of
         :meth:`update` (the same bits); empty clusters keep their row of ``C``
         or, with ``repair``, are repaired as there
-        (:func:`qkm.clustering._empty.relocate_empty_clusters_csr`).
+        (:func:`qkm._empty.relocate_empty_clusters_csr`).
 
         Parameters
         ----------

@@ -28,7 +28,8 @@ import numba
 from numba import njit, prange
 
 from . import _config
-from .factorization._kernels import _JIT, _store_mean, _store_mean_from
+from ._config import _JIT
+from ._kernels import _store_mean, _store_mean_from
 
 __all__ = ["merge_plan", "n_levels", "tree_sum_rows", "column_variances", "column_sums_node",
            "column_sq_deviations_node", "cluster_sums_sparse", "cluster_sums_dense"]

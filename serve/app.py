@@ -17,7 +17,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from qkm import __version__
+from qkm._version import __version__
 
 from . import openapi as docs
 from .backend import load_model_file

@@ -25,7 +25,7 @@ from urllib.parse import parse_qsl
 import anyio.lowlevel
 from fastapi.responses import Response
 
-from qkm import __version__
+from qkm._version import __version__
 
 from .backend import InferenceBackend
 from .decode import (

@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from test_serve_process import Server
+from support import Server
 
 REPO = Path(__file__).resolve().parents[1]
 

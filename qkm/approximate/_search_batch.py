@@ -22,7 +22,7 @@ nearest probed rows by (distance, row id), identical to the per-query path.
 import numpy as np
 from numba import njit
 
-from ..factorization._kernels import _JIT, _JIT_DOT
+from .._config import _JIT, _JIT_DOT
 from ._search_kernels import LANES, _exact_dense, _insert
 from ._search_probe import _select_lists
 

@@ -52,7 +52,7 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from ..factorization._kernels import _JIT, _JIT_DOT
+from .._config import _JIT, _JIT_DOT
 from ._search_probe import _before, _center_distances, _codes, _project, _project_csr, _select_lists
 
 #: Relative margin of the float32 bounds: a row is pruned only when its bound

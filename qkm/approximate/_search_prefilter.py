@@ -32,7 +32,7 @@ by (distance, row id), identical to the per-query path.
 import numpy as np
 from numba import njit
 
-from ..factorization._kernels import _JIT
+from .._config import _JIT
 from ._search_kernels import LANES, MARGIN, _exact_dense, _insert, _k_smallest, _prefetch
 from ._search_probe import _center_distances, _choice_buffers, _codes, _project, _select_lists
 

@@ -9,7 +9,7 @@ calibration of ``nprobe="auto"`` and diagnostics), so both see the same lists.
 import numpy as np
 from numba import njit, prange
 
-from ..factorization._kernels import _JIT
+from .._config import _JIT
 
 #: Queries per work unit of :func:`probe_distances`.
 QUERY_CHUNK = 16

@@ -14,7 +14,7 @@ from sklearn.exceptions import ConvergenceWarning
 from sklearn.utils.validation import check_is_fitted
 
 from ._init import distinct_row_indices
-from ..factorization._operator_base import CentroidOperator
+from ..operator._base import CentroidOperator
 from ._seeding import SEEDINGS, Seeding, Seeds, potential, run_seeding
 from .._threads import effective_n_threads, numba_threads
 from .._validation import check_data, check_fitted_data, check_row_norms, row_norm_bound, check_init_array, check_n_clusters

@@ -19,8 +19,8 @@ import time
 import numpy as np
 
 from .. import _config
-from ..factorization import _kernels as K_
-from ..factorization._operator_base import DenseOperator
+from .. import _kernels as K_
+from ..operator._base import DenseOperator
 from ._lloyd import loop_state
 
 

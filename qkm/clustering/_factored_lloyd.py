@@ -32,7 +32,7 @@ shards on a Dask cluster, so both paths run this one loop):
   the log (the execution path that ran, and so on);
 - ``means(U, repair, counts)``: the cluster means of those labels (rows of
   empty clusters kept from ``U``; with ``repair`` an empty cluster takes the
-  point farthest from its centre, as :func:`qkm.clustering._empty.relocate_empty_clusters`),
+  point farthest from its centre, as :func:`qkm._empty.relocate_empty_clusters`),
   ``counts`` (OUT) the sizes after the repair; returns ``(U_new, relocated)``
   (``U`` may be overwritten when no cluster is empty: one K x D buffer; a CSR
   ``U`` gives CSR means, see below);

@@ -7,10 +7,10 @@ See :mod:`qkm.clustering._factored_lloyd` for the protocol (``initial``,
 import numpy as np
 import scipy.sparse as sp
 
-from ..factorization._chain_calibration import ChainCalibration
-from ..factorization._factorize import factorize, lsq_refit, sparse_target, wide_target
-from ..factorization._lsq import factor_budgets
-from ..factorization._palm import chain_shapes
+from ..operator._chain_calibration import ChainCalibration
+from ..factorization._factorize import factorize_weighted, lsq_refit, sparse_target, wide_target
+from ..factorization._shapes import factor_budgets
+from ..factorization._shapes import chain_shapes
 from ..operator import FactorChainOperator
 
 __all__ = ["DENSE_POLISH_SWEEPS", "DENSE_WARM_SWEEPS", "SPARSE_POLISH_SWEEPS", "SPARSE_WARM_SWEEPS"]
@@ -48,7 +48,7 @@ SPARSE_WARM_SWEEPS, SPARSE_POLISH_SWEEPS = 1, 3
 class _ChainFitter:
     """``V = lam S_1 ... S_Q``, factor ``q`` keeping at most its budget (:func:`factor_budgets`, ``budget_split``).
 
-    The seeds are factorised by :func:`qkm.factorization._lsq.factorize` (hierarchical
+    The seeds are factorised by :func:`qkm.factorization._factorize.factorize_weighted` (hierarchical
     palm4MSA, then least-squares sweeps within the budgets); every refit runs
     ``max_iter`` least-squares sweeps warm from the current factors, each
     factor solved exactly on a support chosen afresh (greedy orthogonal least
@@ -74,7 +74,7 @@ class _ChainFitter:
     def initial(self, U, rng, weights=None):
         K, D = U.shape
         self.budgets = factor_budgets(chain_shapes(K, D, self.n_factors), self.sparsity_level, self.budget_split)
-        return factorize(U, weights, self.n_factors, self.sparsity_level, self.INIT_SWEEPS, self.tol,
+        return factorize_weighted(U, weights, self.n_factors, self.sparsity_level, self.INIT_SWEEPS, self.tol,
                          budget_split=self.budget_split)
 
     def keeps_sparse(self, n_clusters, n_features):

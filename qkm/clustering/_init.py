@@ -12,9 +12,7 @@ import numpy as np
 import scipy.sparse as sp
 from numba import njit, prange
 
-from .. import _config
-
-_JIT = dict(cache=_config.CACHE, nogil=True, fastmath=_config.FASTMATH)
+from .._config import _JIT
 
 
 @njit(parallel=True, **_JIT)
@@ -39,7 +37,7 @@ def n_local_trials_for(n_clusters):
     return 2 + int(np.log2(n_clusters))
 
 
-def kmeans_plusplus(data, n_clusters, random_state, n_local_trials=None, sample_weight=None,
+def greedy_kmeanspp(data, n_clusters, random_state, n_local_trials=None, sample_weight=None,
                     return_potential=False, rows_only=False, dots=None):
     """Greedy k-means++ seeding.
 

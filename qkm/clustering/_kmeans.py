@@ -10,10 +10,10 @@ from ._base import (OperatorClusterMixin, check_nonnegative_float, check_seeding
                     resolve_n_clusters, run_random_states, seeding_of, warn_if_clusters_lost)
 from ._base import is_int as _is_int
 from .._data import KMeansData
-from ..factorization._operator_base import DenseOperator
+from ..operator._base import DenseOperator
 from ._elkan import kmeans_single_elkan
 from ._init import distinct_row_indices
-from ._init import kmeans_plusplus as _kmeans_plusplus
+from ._init import greedy_kmeanspp
 from .._reduce import column_variances
 from ._lloyd import kmeans_single_lloyd
 from ._stopping import IterationLog
@@ -63,7 +63,7 @@ def kmeans_plusplus(X, n_clusters, *, random_state=None, n_local_trials=None, n_
     if n_local_trials is not None and not (_is_int(n_local_trials) and n_local_trials >= 1):
         raise ValueError(f"n_local_trials must be an integer >= 1; got {n_local_trials!r}.")
     with numba_threads(effective_n_threads(n_jobs)):
-        return _kmeans_plusplus(KMeansData(X), n_clusters, check_random_state(random_state), n_local_trials)
+        return greedy_kmeanspp(KMeansData(X), n_clusters, check_random_state(random_state), n_local_trials)
 
 
 def seed_centers(X, n_clusters, *, init="d2-seeding", d2_samples=None, oversampling_factor=2.0, init_rounds=5,

@@ -8,7 +8,7 @@ import time
 
 import numpy as np
 
-from ..factorization._operator_base import DenseOperator
+from ..operator._base import DenseOperator
 from ._stopping import IterationLog, StoppingRule
 
 

@@ -18,32 +18,10 @@ from ._factored_lloyd import factored_lloyd, keeps_csr_means
 from ._stopping import IterationLog
 from .._threads import effective_n_threads, numba_threads, single_threaded_blas
 from .._validation import check_choice, check_data
-from ..factorization._lsq import BUDGET_SPLITS, paper_n_factors
+from ..factorization._shapes import BUDGET_SPLITS, default_n_factors
 from ._fitters import _ChainFitter, _LowRankFitter
 
-__all__ = ["QKMeans", "LowRankKMeans", "default_n_factors"]
-
-
-def default_n_factors(n_clusters, n_features):
-    """The default chain: 2 factors when ``K <= D``, else the paper's ``floor(log2(max(K, D)))``.
-
-    With :class:`QKMeans`' default ``budget_split="auto"`` the two factors hold
-    the values of the paper's chain (:func:`qkm.factorization._lsq.paper_n_factors`;
-    1 factor when ``max(K, D) < 4``, as the paper's). When ``K > D`` two
-    factors reached a much higher objective on KDD Cup 99 (K = 256, D = 118)
-    than the paper's chain (``benchmarks/README.md``), so the paper's chain stays.
-
-    Examples
-    --------
-    >>> default_n_factors(64, 784)
-    2
-    >>> default_n_factors(256, 118)
-    8
-    >>> default_n_factors(2, 3)
-    1
-    """
-    paper = paper_n_factors(n_clusters, n_features)
-    return min(2, paper) if n_clusters <= n_features else paper
+__all__ = ["QKMeans", "LowRankKMeans"]
 
 
 # --------------------------------------------------------------------------- #

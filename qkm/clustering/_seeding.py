@@ -40,14 +40,11 @@ import scipy.sparse as sp
 from . import _seeding_kernels as S_
 from ._seeding_kernels import SampleLayout
 from .._data import KMeansData
-from ._init import _rows, distinct_row_indices, kmeans_plusplus, n_local_trials_for, random_rows
-from ._seeding_kmpar import (KMParChunk, chunk_counts, chunk_lower, chunk_rows, chunk_sample, kmeans_parallel,
-                             recluster)
+from ._init import _rows, distinct_row_indices, greedy_kmeanspp, n_local_trials_for, random_rows
+from ._seeding_kmpar import KMParChunk, chunk_lower, kmeans_parallel
 from ..operator import DenseOperator
 
-__all__ = ["SEEDINGS", "Seeding", "Seeds", "run_seeding", "potential", "d2_seeding", "kmeans_parallel",
-           "geometric_sample", "KMParChunk", "chunk_lower", "chunk_sample", "chunk_rows",
-           "chunk_counts", "recluster"]
+__all__ = ["SEEDINGS", "Seeding", "Seeds", "run_seeding", "potential", "d2_seeding", "geometric_sample"]
 
 SEEDINGS = ("k-means++", "d2-seeding", "k-means||", "random")
 
@@ -125,10 +122,10 @@ def run_seeding(seeding, data, n_clusters, rng, sparse_centers=False):
     cost = None
     sparse_centers = sparse_centers and data.sparse
     if seeding.init == "k-means++" and sparse_centers:
-        chosen, cost = kmeans_plusplus(target, n_clusters, rng, seeding.n_local_trials, rows_only=True)
+        chosen, cost = greedy_kmeanspp(target, n_clusters, rng, seeding.n_local_trials, rows_only=True)
         centers = target.X[chosen]
     elif seeding.init == "k-means++":
-        centers, _, cost = kmeans_plusplus(target, n_clusters, rng, seeding.n_local_trials, return_potential=True)
+        centers, _, cost = greedy_kmeanspp(target, n_clusters, rng, seeding.n_local_trials, return_potential=True)
     elif seeding.init == "d2-seeding":
         centers, cost = d2_seeding(target, n_clusters, rng, seeding.d2_samples, seeding.d2_groups, sparse_centers)
     elif seeding.init == "k-means||":

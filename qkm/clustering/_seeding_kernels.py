@@ -1,6 +1,6 @@
 """numba kernels of the seedings in :mod:`qkm.clustering._seeding` (private; no validation here).
 
-Conventions of :mod:`qkm.factorization._kernels`: arrays in, preallocated buffers out,
+Conventions of :mod:`qkm._kernels`: arrays in, preallocated buffers out,
 every argument marked ``# IN`` / ``# OUT``; work split into fixed chunks of
 rows (``_config.CHUNK_SIZE``), never by thread, so every result is
 bit-identical for any thread count.
@@ -20,7 +20,8 @@ import scipy.sparse as sp
 from numba import njit, prange
 
 from .. import _config
-from ..factorization._kernels import _JIT, _JIT_DOT, centroid_sq_norms
+from .._config import _JIT, _JIT_DOT
+from .._kernels import centroid_sq_norms
 
 _MASK = (1 << 64) - 1
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)

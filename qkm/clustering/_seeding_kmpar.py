@@ -41,7 +41,7 @@ import scipy.sparse as sp
 from .. import _config
 from . import _seeding_kernels as S_
 from .._data import KMeansData
-from ._init import _rows, distinct_row_indices, kmeans_plusplus
+from ._init import _rows, distinct_row_indices, greedy_kmeanspp
 
 __all__ = ["KMPAR_LLOYD_ITER", "KMPAR_EXTRA_ROUNDS", "kmeans_parallel", "KMParChunk", "chunk_lower", "chunk_sample",
            "chunk_rows", "chunk_counts", "recluster", "block_dots"]
@@ -223,7 +223,7 @@ def recluster(candidates, weights, n_clusters, rng, n_local_trials=None, lloyd_i
     gram = None
     if cdata.sparse and 8 * m * m <= _config.SEEDING_GRAM_MAX_BYTES:
         gram = block_dots(cdata.X, 0, m, S_.CenterBlock(cdata.X, 0))
-    idx, _ = kmeans_plusplus(cdata, n_clusters, rng, n_local_trials, sample_weight=weights, rows_only=True,
+    idx, _ = greedy_kmeanspp(cdata, n_clusters, rng, n_local_trials, sample_weight=weights, rows_only=True,
                              dots=None if gram is None else gram.__getitem__)
     if gram is not None:
         C = _lloyd_on_gram(cdata, gram, weights, idx, n_clusters, lloyd_iter).astype(dtype)

@@ -21,9 +21,9 @@ def local_versions():
     import numpy
     import scipy
 
-    import qkm
+    from .._version import __version__
 
-    return {"qkm": qkm.__version__, "numpy": numpy.__version__, "scipy": scipy.__version__,
+    return {"qkm": __version__, "numpy": numpy.__version__, "scipy": scipy.__version__,
             "numba": numba.__version__, "python": platform.python_version()}
 
 

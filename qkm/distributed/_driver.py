@@ -16,11 +16,12 @@ import scipy.sparse as sp
 
 from .. import _config
 from ..clustering._elkan import _half_center_distances
-from ..clustering._empty import apply_relocations, apply_relocations_csr, plan_relocations
+from .._empty import apply_relocations, apply_relocations_csr, plan_relocations
 from .._data import csr_means
-from ..factorization._kernels import centroid_sq_norms
+from .._kernels import centroid_sq_norms
 from .._reduce import means_from_csr_sums, means_from_sums
 from ..clustering._stopping import IterationLog, StoppingRule
+from . import _packs as PK
 from . import _shard_tasks as T
 
 __all__ = ["run_lloyd", "run_elkan", "update_means", "update_means_csr"]
@@ -132,7 +133,7 @@ def run_lloyd(sd, centers_init, *, max_iter, tol, tol_wcss=0.0, verbose=0, log=N
     c_sq = centroid_sq_norms(C)
     rule = StoppingRule(tol, tol_wcss)
     log = log if log is not None else IterationLog(verbose)
-    ring = T.BufferRing()  # this run's dense K x D buffers (dense packs only), freed with it
+    ring = PK.BufferRing()  # this run's dense K x D buffers (dense packs only), freed with it
     strict, n_iter, wcss = False, 0, None
     prev = None  # the previous iteration's pack (as sent): it rebuilds the state of a shard that was lost
     for it in range(max_iter):
@@ -171,7 +172,7 @@ def run_elkan(sd, centers_init, *, max_iter, tol, tol_wcss=0.0, verbose=0, log=N
     err = sd.err_rel
     rule = StoppingRule(tol, tol_wcss)
     log = log if log is not None else IterationLog(verbose)
-    ring = T.BufferRing()
+    ring = PK.BufferRing()
     cc_exact_every_iter = k * sd.n_features <= 0.25 * sd.nnz
     half_cc, shift = None, np.zeros(k)
     want_wcss = rule.tol_wcss > 0 or bool(verbose)

@@ -26,6 +26,7 @@ from ..clustering._base import seeding_of, warn_if_clusters_lost
 from ..clustering._factored_lloyd import factored_lloyd, keeps_csr_means
 from ..clustering._stopping import IterationLog
 from .._threads import effective_n_threads, numba_threads, single_threaded_blas
+from . import _packs as PK
 from . import _shard_tasks as T
 from ._driver import update_means, update_means_csr
 from ._fit import column_mean, resolve_n_clusters
@@ -62,7 +63,7 @@ class ShardPass:
 
     def assign(self, operator):
         self.round += 1
-        self.packs = (self.packs[1], T.ChainPack(operator.factors, operator.mean, self.dtype,
+        self.packs = (self.packs[1], PK.ChainPack(operator.factors, operator.mean, self.dtype,
                                                     getattr(operator, "norms", None)))
         self.sd.end_round()  # the previous iteration's refit and means end there
         self.part = part = self.sd.retrying(self._run)

@@ -14,7 +14,7 @@ import numpy as np
 import scipy.sparse as sp
 from numba import njit, prange
 
-from ..factorization._kernels import _JIT
+from .._config import _JIT
 from ..operator import DenseOperator
 from ._timeline import nested_phase
 
@@ -157,7 +157,7 @@ def _tile(n_clusters):
 @njit(**_JIT)
 def _csr_fill_transpose(indptr, indices, data, tile, ct_ptr, ct_idx, ct_val):
     """OUT CSR of C^T from the CSR of C (sorted indices): the arrays
-    :func:`~qkm.factorization._kernels.fill_sparse_transpose` makes from the dense C (rows of C^T by increasing
+    :func:`~qkm._kernels.fill_sparse_transpose` makes from the dense C (rows of C^T by increasing
     cluster, zeros left out). Column blocks of ``tile`` features: the writes of a block stay in cache."""
     K, D = indptr.shape[0] - 1, ct_ptr.shape[0] - 1
     fill = ct_ptr[:-1].copy()
@@ -268,7 +268,7 @@ _CALIBRATION = {}  # one measured choice of chain path per worker process (bit-i
 
 
 def _chain_operator(pack):
-    from ..factorization._chain_calibration import ChainCalibration
+    from ..operator._chain_calibration import ChainCalibration
     from ..operator import FactorChainOperator
 
     calibration = _CALIBRATION.setdefault("chain", ChainCalibration(bit_identical=True))
@@ -278,7 +278,7 @@ def _chain_operator(pack):
     return op
 
 
-def _make_operator(pack):
+def fresh_operator(pack):
     """The operator of a pack: a factor chain (:class:`ChainPack`) or dense centres ``(C, c_sq)``."""
     if isinstance(pack, ChainPack):
         return _chain_operator(pack)

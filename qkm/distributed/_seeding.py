@@ -19,7 +19,8 @@ import scipy.sparse as sp
 
 from .._data import KMeansData
 from ..clustering._init import distinct_row_indices
-from ..clustering._seeding import KMParChunk, Seeds, chunk_lower, kmeans_parallel, run_seeding
+from ..clustering._seeding_kmpar import KMParChunk, chunk_lower, kmeans_parallel
+from ..clustering._seeding import Seeds, run_seeding
 from ..clustering._seeding_kernels import CenterBlock
 from .._validation import check_init_array
 from . import _shard_tasks as T
@@ -41,7 +42,7 @@ class _ChunkRef:
 
 def kmpar_call(shard, key, fn, *args):
     """``fn(chunk, *args)`` on the shard's k-means|| chunk (made on first use, kept under ``key``)."""
-    from ..clustering._seeding import KMParChunk
+    from ..clustering._seeding_kmpar import KMParChunk
 
     chunk = shard.state.get(key)
     if chunk is None:
@@ -158,7 +159,7 @@ def _as_centers(C, dtype):
 
 def potential(sd, centers):
     """Sum over the shards' rows of the squared distance to the nearest centre (fixed summation order)."""
-    from ..factorization._kernels import centroid_sq_norms
+    from .._kernels import centroid_sq_norms
 
     C = _as_centers(centers, sd.dtype)
     if sp.issparse(C):  # sent as CSR (as compact_pack sends sparse centres), dense only on the workers

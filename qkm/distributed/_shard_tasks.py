@@ -21,16 +21,15 @@ import time
 import numpy as np
 import scipy.sparse as sp
 
-from ..factorization import _kernels as K_
+from .. import _kernels as K_
 from .. import _reduce
 from .._data import KMeansData
 from ..clustering._elkan import _own_sq_distances, _pairs_pass, _set_upper
 from ..clustering._init import distinct_row_indices
-from .._shards import check_fingerprint, load_shard, shard_fingerprint
+from ..io._shards import check_fingerprint, load_shard, shard_fingerprint
 from .._threads import numba_threads
 from ._timeline import task_timeline
-from ._packs import (BufferRing, ChainPack, Compacted, _make_operator, _nbytes, _operator, _unpack,  # noqa: F401
-                     compact_pack)
+from ._packs import ChainPack, _nbytes, _operator, fresh_operator
 
 __all__ = ["Shard", "StateLost", "Partial", "combine"]
 
@@ -51,7 +50,7 @@ class Shard:
     Parameters
     ----------
     manifest : dict
-        From :func:`qkm._shards.read_manifest`.
+        From :func:`qkm.io._shards.read_manifest`.
     index : int
     settings : dict
         ``block_rows``, ``dense_block_rows`` and ``n_threads`` of the driver.
@@ -199,7 +198,7 @@ def _state(shard, key, it, rebuild):
         raise StateLost(f"shard {shard.index}: state of iteration {it - 1} not on this worker")
     st = _State(shard.n_rows)
     if it > 0:
-        shard.data.assign(_make_operator(rebuild), st.labels, st.partial)
+        shard.data.assign(fresh_operator(rebuild), st.labels, st.partial)
         st.rebuilt = True
     st.it = it - 1
     shard.state[key] = st

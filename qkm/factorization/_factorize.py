@@ -1,6 +1,6 @@
 """Factorise a (weighted) target under QK-means' budgets: the entry points of QK-means' fitter (private).
 
-:func:`factorize` gives the first factors (of the seeds), :func:`lsq_refit` the
+:func:`factorize_weighted` gives the first factors (of the seeds), :func:`lsq_refit` the
 warm refits (of the cluster means). Both pick where the sweeps run:
 
 * ``columns``: on the active columns only, or all of them
@@ -15,7 +15,7 @@ warm refits (of the cluster means). Both pick where the sweeps run:
   ``benchmarks/results/qkmeans_sparse.md``.
 
 The returned :class:`~qkm.factorization._palm.PalmState` records both
-(``path``, ``n_columns``, ``target``) and, for :func:`factorize`, ``start``.
+(``path``, ``n_columns``, ``target``) and, for :func:`factorize_weighted`, ``start``.
 """
 
 import numpy as np
@@ -23,12 +23,13 @@ import scipy.sparse as sp
 
 from ._columns import ColumnMap
 from ._hierarchical import hierarchical
-from ._lsq import factor_budgets, lsq_palm
+from ._shapes import factor_budgets
+from ._lsq import lsq_palm
 from ._lsq_sparse import sparse_lsq_palm
-from ._palm import chain_shapes
+from ._shapes import chain_shapes
 
-__all__ = ["SPARSE_TARGET_MAX_DENSITY", "SPARSE_TARGET_MIN_COLUMNS", "exact_start", "factorize", "lsq_refit",
-           "sparse_target", "wide_target"]
+__all__ = ["SPARSE_TARGET_MAX_DENSITY", "SPARSE_TARGET_MIN_COLUMNS", "exact_start", "factorize_weighted",
+           "lsq_refit", "sparse_target", "wide_target"]
 
 #: Sweeps of the hierarchical palm4MSA that gives the first supports (split, global, final).
 HIERARCHICAL_SWEEPS = (30, 30, 100)
@@ -114,8 +115,8 @@ def _put_back(state, cmap):
     return state
 
 
-def factorize(T, w, n_factors, s, max_iter, tol, columns="auto", target="auto", last_support="auto",
-              budget_split="even"):
+def factorize_weighted(T, w, n_factors, s, max_iter, tol, columns="auto", target="auto", last_support="auto",
+                       budget_split="even"):
     """The first factors of ``T``, then ``max_iter`` least-squares sweeps within :func:`factor_budgets`
     (split by ``budget_split``).
 

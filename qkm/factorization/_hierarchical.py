@@ -12,15 +12,11 @@ matrices are then not recovered); the global refits are monotone.
 
 import numpy as np
 
-from ._palm import PalmState, chain_shapes, palm
+from ._palm import PalmState, palm
+from ._shapes import chain_shapes, residual_budget
 from ._projections import project
 
-__all__ = ["hierarchical", "residual_budget"]
-
-
-def residual_budget(level, s, n_inner, n_cols):
-    """Global nnz kept in the residual after split ``level`` (1-based) at intermediate levels."""
-    return max(s * n_cols, (n_inner * n_cols) >> level)
+__all__ = ["hierarchical"]
 
 
 def hierarchical(T, w, n_factors, s, max_iter_split, max_iter_global, max_iter_final, tol, residual="sp",

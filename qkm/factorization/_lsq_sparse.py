@@ -31,7 +31,7 @@ of tf-idf data) is sparse and ``D`` is large. Only the last factor ``S_Q``
   ``f = ||WT||^2 - 2 lam <WT, W P> + lam^2 ||W P||^2``.
 
 The sweeps are those of the dense code (same supports, values to rounding;
-``tests/test_wide_sparse.py`` compares them); :func:`qkm.factorization._factorize.lsq_refit`
+``tests/factorization/test_wide_sparse.py`` compares them); :func:`qkm.factorization._factorize.lsq_refit`
 chooses this path for sparse targets and records it (``target="sparse"``).
 """
 
@@ -41,7 +41,7 @@ import numpy as np
 import scipy.sparse as sp
 from numba import njit
 
-from ._kernels import _JIT
+from .._config import _JIT
 from ._lsq import PROX_REL, LsqSweeper, _chol_solve, normalise_start, run_sweeps
 from ._palm import LIPSCHITZ_MARGIN, PalmState
 from ._palm_products import SweepMatrix

@@ -31,7 +31,7 @@ import math
 import numpy as np
 from numba import njit
 
-from ._kernels import _JIT
+from .._config import _JIT
 
 __all__ = ["ols_support"]
 

@@ -65,12 +65,11 @@ from dataclasses import dataclass, field
 import numpy as np
 from numba import njit
 
-from ._kernels import _JIT
+from .._config import _JIT
 from ._palm_products import SweepMatrix
 from ._projections import is_feasible, project
-from .._validation import check_int
 
-__all__ = ["PalmState", "chain_shapes", "palm"]
+__all__ = ["PalmState", "palm"]
 
 #: Safety factor on the Lipschitz constant (FAuST's and qkmeans' value).
 LIPSCHITZ_MARGIN = 1.001
@@ -78,16 +77,6 @@ LIPSCHITZ_MARGIN = 1.001
 #: Warm power iterations per Gram matrix and sweep (more the first time).
 POWER_ITER_WARM = 2
 POWER_ITER_COLD = 8
-
-
-def chain_shapes(n_rows, n_cols, n_factors):
-    """``[(K, A), (A, A) * (Q - 2), (A, D)]`` with ``A = min(K, D)``; ``[(K, D)]`` for ``Q = 1``."""
-    n_rows, n_cols = check_int("n_rows", n_rows, 1), check_int("n_cols", n_cols, 1)
-    n_factors = check_int("n_factors", n_factors, 1)
-    if n_factors == 1:
-        return [(n_rows, n_cols)]
-    a = min(n_rows, n_cols)
-    return [(n_rows, a)] + [(a, a)] * (n_factors - 2) + [(a, n_cols)]
 
 
 @dataclass

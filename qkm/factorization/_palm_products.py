@@ -10,7 +10,7 @@ needs and falls back to BLAS on the dense array for matrices denser than
 import numpy as np
 from numba import njit
 
-from ._kernels import _JIT
+from .._config import _JIT
 
 __all__ = ["SPARSE_MAX_DENSITY", "SweepMatrix", "csr_matmul_into"]
 

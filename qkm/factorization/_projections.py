@@ -19,7 +19,7 @@ import math
 import numpy as np
 from numba import njit
 
-from ._kernels import _JIT
+from .._config import _JIT
 
 __all__ = ["is_feasible", "project", "rowcol_feasible", "rowcol_into", "sp_into", "splincol_feasible",
            "splincol_into"]
