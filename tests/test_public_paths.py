@@ -113,3 +113,13 @@ def test_joblib_artefact_written_before_the_move_loads(tmp_path, blobs):
     loaded = load_joblib(tmp_path / "old.joblib")  # ... load_joblib can
     np.testing.assert_array_equal(loaded.predict(X), est.predict(X))
     assert "qkm.factorization._chain" not in sys.modules
+
+
+def test_every_package_folder_is_in_the_wheel():
+    # pyproject.toml lists the packages by hand (export/ and serve/ are mapped into qkm): a new folder must be listed
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    folders = {"qkm." + ".".join(p.parent.relative_to(ROOT / "qkm").parts) if p.parent != ROOT / "qkm" else "qkm"
+               for p in (ROOT / "qkm").rglob("__init__.py")}
+    assert folders - listed == set(), f"package folders missing from pyproject.toml: {sorted(folders - listed)}"

@@ -51,7 +51,7 @@ class FakeShards:
         return self.X[np.asarray(rows)].toarray()
 
     def map_reduce(self, fn, pack, *args, rebuild=None, same_pack=False):
-        if not isinstance(pack, T.Compacted):  # as ShardedData._scatter sends it
+        if not isinstance(pack, _packs.Compacted):  # as ShardedData._scatter sends it
             pack = _packs.compact_pack(pack)
         C, c_sq = pack[0], pack[1]
         d2 = self.x_sq[:, None] - 2 * np.asarray((self.X @ C.T).todense() if sp.issparse(C) else self.X @ C.T) + c_sq

@@ -13,7 +13,7 @@ import scipy.io
 import scipy.sparse as sp
 from sklearn.datasets import dump_svmlight_file
 
-import qkm.io
+import qkm.io._files
 from qkm.io import DataFormatError, load_data, load_labels, save_centroids, save_labels
 
 COMPRESSIONS = ["", ".gz", ".bz2"]
@@ -411,5 +411,5 @@ def test_failed_save_centroids_leaves_existing_file(tmp_path):
 
 
 def test_docstring_examples():
-    result = doctest.testmod(qkm.io, optionflags=doctest.ELLIPSIS)
+    result = doctest.testmod(qkm.io._files, optionflags=doctest.ELLIPSIS)
     assert result.attempted > 0 and result.failed == 0
