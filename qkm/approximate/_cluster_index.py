@@ -22,9 +22,9 @@ from sklearn.utils import check_random_state
 from sklearn.utils.validation import check_is_fitted
 
 from ..clustering._base import is_int, operator_of
-from ._index import (BATCH_MIN_QUERIES_PER_LIST, BLOCK_DIMS, GROUPED_MIN_K, HEAD_DIMS, TAIL_BLOCKS, InvertedLists,
-                     calibrate_nprobe, cluster_sq_distances, coordinates, fit_basis, fit_quantizer, nearest_clusters,
-                     probe_lists)
+from ._index import BATCH_MIN_QUERIES_PER_LIST, GROUPED_MIN_K, InvertedLists
+from ._index_build import BLOCK_DIMS, HEAD_DIMS, TAIL_BLOCKS, coordinates, fit_basis, fit_quantizer
+from ._index_probe import calibrate_nprobe, cluster_sq_distances, nearest_clusters, probe_lists
 from ._index_state import export_state, import_state
 from .._threads import effective_n_threads, numba_threads
 from .._validation import check_data, check_feature_count, check_fitted_data

@@ -21,12 +21,9 @@ from . import _search_kernels as SK
 from . import _search_probe as SP
 from .._threads import numba_threads, one_blas_thread
 from .._validation import check_data
-from ._index_build import (BLOCK_DIMS, HEAD_DIMS, TAIL_BLOCKS, centred_sq_norms, coordinate_codec,  # noqa: F401
-                           coordinates, fit_basis, fit_quantizer)
-from ._index_probe import (CALIBRATION_Z, calibrate_nprobe, cluster_sq_distances, nearest_clusters,  # noqa: F401
-                           probe_lists)
+from ._index_build import BLOCK_DIMS, HEAD_DIMS, TAIL_BLOCKS, centred_sq_norms, coordinate_codec, coordinates
 
-__all__ = ["InvertedLists", "fit_basis", "fit_quantizer", "calibrate_nprobe", "nearest_clusters", "probe_lists"]
+__all__ = ["BATCH_MIN_QUERIES_PER_LIST", "GROUPED_MIN_K", "InvertedLists"]
 
 #: Batches of at least this many queries get their deeper coordinates from BLAS (and run in threads).
 BATCH_MIN_ROWS = 8

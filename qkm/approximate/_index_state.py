@@ -14,7 +14,8 @@ import numpy as np
 import scipy.sparse as sp
 
 from ..clustering._base import check_export_header
-from ._index import HEAD_DIMS, TAIL_BLOCKS, BLOCK_DIMS, fit_basis, nearest_clusters
+from ._index_build import BLOCK_DIMS, HEAD_DIMS, TAIL_BLOCKS, fit_basis
+from ._index_probe import nearest_clusters
 from .._validation import check_data
 
 __all__ = ["STATE_VERSION", "export_state", "import_state"]

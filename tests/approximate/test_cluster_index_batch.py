@@ -170,7 +170,9 @@ def test_batch_choose_is_the_lists_of_one_query(wide):
     """The pre-filtered path's lists chosen from BLAS products (own lists, float32 coordinates) against the
     kernels' own list distances and the numpy mirror of the rule: exact ties (duplicated centroids) and near ties
     (centroids 1e-6 apart) go through the single-query code; widened lists and all lists included."""
-    from qkm.approximate._index import InvertedLists, coordinates, fit_basis, probe_lists
+    from qkm.approximate._index import InvertedLists
+    from qkm.approximate._index_build import coordinates, fit_basis
+    from qkm.approximate._index_probe import probe_lists
 
     X, Xq = wide
     rng = np.random.RandomState(0)
