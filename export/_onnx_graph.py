@@ -47,9 +47,7 @@ MIN_OPSET = 13
 # Relative cost of one padded entry of the gather stage against one multiply-add
 # of the dense Gemm (per batch row); only used to pick the row split. The gather
 # stage touches every entry through several memory-bound kernels while MLAS's
-# Gemm runs many multiply-adds per cycle. On the Fashion-MNIST QK-means model
-# (S_Q rows holding 3 to 365 entries) row splits from 8 to 64 slots ran within
-# timing noise of each other, 3-4x faster than no split (365 slots).
+# Gemm runs many multiply-adds per cycle (see docs/decisions.md, 'ONNX encodings').
 GATHER_COST = 8.0
 
 
@@ -275,15 +273,14 @@ def _z_hybrid(b, x, factors, c_sq, plan):
 def _ell(b, operand, idx, val, batch_axis):
     """``out[r, n] = sum_j val[r, j] * M[idx[r, j], n]`` ([R, N]) with ``M = operand`` (batch_axis 1) or its transpose.
 
-    Two branches under an ``If`` on the batch size N, same result (the
-    fastest standard-op forms measured with onnxruntime 1.31, 1 thread,
-    12,288 indices):
+    Two branches under an ``If`` on the batch size N, same result (why these
+    forms: docs/decisions.md, 'ONNX encodings'):
 
     - N > 1: ``Gather`` on axis 0 of ``M`` (every index copies one contiguous
       row of N values) -> [R, slots, N], then a batched ``MatMul`` by the values
-      [R, 1, slots] (2.5-3x faster than ``Mul`` + ``ReduceSum`` over the slots);
-    - N == 1: ``GatherElements`` on the 1-D row (about 1 ns per index, where
-      ``Gather`` pays about 10 ns per 4-byte block) -> ``Mul`` -> ``ReduceSum``
+      [R, 1, slots] (not ``Mul`` + ``ReduceSum`` over the slots);
+    - N == 1: ``GatherElements`` on the 1-D row (one element per index, not
+      one block per index as ``Gather``) -> ``Mul`` -> ``ReduceSum``
       over the trailing slots axis.
     """
     rows, slots = idx.shape

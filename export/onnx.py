@@ -34,7 +34,7 @@ Encodings (``encoding=``)
     float32 value + int64 index), multiplied into ``-2 V^T`` by constant
     ``MatMul`` nodes that onnxruntime folds once when the session is created:
     dense speed, file about ``compression / 3`` times smaller, slower session
-    creation (about 1 s at K=1024, D=4096). The factors are ``Constant`` nodes
+    creation (the fold runs then; see docs/decisions.md, 'ONNX encodings'). The factors are ``Constant`` nodes
     with ``sparse_value`` (ONNX's standard way to embed a sparse constant used as
     a dense tensor): a raw ``graph.sparse_initializer`` is typed ``sparse_tensor``,
     which no standard operator accepts and ``onnx.checker`` (full check) rejects.

@@ -61,7 +61,7 @@ def pin_numba_threads(n_threads):
     """Set the calling thread's numba thread count for good (numba's count is per thread).
 
     For a thread that does one kind of work, such as the event loop of ``qkm serve``, so
-    that its calls need no :func:`numba_threads` block each (about 5 us). Returns False,
+    that its calls need no :func:`numba_threads` block each. Returns False,
     changing nothing, for a count numba refuses (``> NUMBA_NUM_THREADS``).
     """
     if not 1 <= int(n_threads) <= numba.config.NUMBA_NUM_THREADS:
@@ -82,7 +82,7 @@ _BLAS_CONTROLLER = []
 
 @contextlib.contextmanager
 def one_blas_thread():
-    """:func:`single_threaded_blas` for hot paths: the BLAS libraries are listed once per process (about 5 ms).
+    """:func:`single_threaded_blas` for hot paths: the BLAS libraries are listed once per process, not per call.
 
     numba's BLAS (SciPy's) is loaded first, so that it is among them.
     """

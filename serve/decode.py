@@ -122,9 +122,8 @@ _ORJSON_INT_LIMIT = float(2**63)
 def _fast_loads(body):
     """``orjson.loads(body)`` when it gives what ``json.loads`` gives, else None (then ``json`` decides).
 
-    orjson parses numbers about ten times faster than ``json`` (a one-row
-    body of 784 floats: ~30 us against ~330 us), correctly rounded like it;
-    the two differ only where orjson refuses a body (NaN, Infinity, a UTF-8
+    orjson parses numbers faster than ``json`` (docs/decisions.md, 'JSON
+    parsing'), correctly rounded like it; the two differ only where orjson refuses a body (NaN, Infinity, a UTF-8
     BOM, UTF-16, numbers beyond float64) or turns an integer beyond 64 bits
     into a float; bodies that may hold booleans (numpy would read them as 1
     and 0) or null are left to the json path too. Those bodies return None and take the ``json`` path, with

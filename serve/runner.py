@@ -40,9 +40,8 @@ __all__ = ["run", "app_from_env", "NoDelayHTTPProtocol", "WORKER_HEALTHCHECK_SEC
 log = logging.getLogger("qkm.serve")
 
 #: Seconds a worker may take to answer uvicorn's health ping before it is killed and restarted. uvicorn's
-#: default, 5 s, is shorter than a worker's start on a busy machine: a spawned worker first re-imports
-#: ``qkm.cli`` (numpy, scipy, scikit-learn, numba: over 5 s at load average 6 on 2 cores) before its ping
-#: thread runs, so with 5 s every worker was killed and restarted in a loop and the server never came up.
+#: default, 5 s, can be shorter than a worker's start: a spawned worker first re-imports ``qkm.cli`` (numpy,
+#: scipy, scikit-learn, numba) before its ping thread runs (see docs/decisions.md, 'Worker health check').
 WORKER_HEALTHCHECK_SECONDS = 60
 
 

@@ -7,9 +7,10 @@ number of in-flight slots (503 beyond it), reads the body with a size limit
 (413), then runs decode, validation, computation and encoding in the inference
 thread pool, so the event loop only moves bytes. Assignment bodies of a few
 rows (``inline_body_bytes``) are answered on the event loop, where their
-microseconds of GIL-holding work cost less than the hand-off to a thread; so
-are search bodies of that size (one compiled kernel call of about 100 us per
-row at the index's default ``nprobe``); features always go to the pool.
+short GIL-holding work costs less than the hand-off to a thread; so
+are search bodies of that size (one compiled kernel call per row at the
+index's default ``nprobe``); features always go to the pool (see
+docs/decisions.md, 'Inline answers').
 
 The limit holds for inline answers too: an admitted request yields to the event
 loop once before any work, so every request already received is admitted or

@@ -78,7 +78,8 @@ class ServeSettings:
         large (a few rows) are answered on the event loop instead of in the
         thread pool: their work is JSON
         parsing and a microsecond-scale kernel call, which hold the GIL anyway,
-        so the hand-off to a thread (0.3-0.4 ms) would cost more than it frees.
+        so the hand-off to a thread would cost more than it frees (see
+        docs/decisions.md, 'Inline answers').
         0 sends every request to the pool.
     api_key : str, default=None
         When set, every route except the health probes and the API docs needs

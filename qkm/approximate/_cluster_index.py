@@ -326,7 +326,8 @@ class ClusterIndex(BaseEstimator):
         re-ranked (dense rows, ``store="float32"``); ``"grouped"``: the same
         grouping with the approximate distances on all the features
         (``store="int8"``, ``k >= 8``). The choice depends only on the batch
-        shape (measured rule, see ``benchmarks/results/ann_batch_paths.md``).
+        shape: ``n_queries * nprobe >= 8 * n_lists`` for the batch paths
+        (see docs/decisions.md, 'Batch search paths').
 
         Parameters
         ----------

@@ -33,10 +33,8 @@ BATCH_CHUNK = 64
 #: (:mod:`qkm.approximate._search_prefilter`) runs for dense rows with float32 coordinates when the batch has at least
 #: ``BATCH_MIN_QUERIES_PER_LIST`` queries per list on average (``n_q * nprobe >= 8 * n_lists``); the grouped path
 #: (:mod:`qkm.approximate._search_batch`) for int8 coordinates when also ``k >= GROUPED_MIN_K`` and
-#: ``nprobe <= GROUPED_MAX_NPROBE``; else the per-query path. Measured on Fashion-MNIST (980 lists, 1 thread,
-#: ``benchmarks/results/ann_batch_paths.md``): batches of 1,000, nprobe 13, k = 1: pre-filtered 8,900 q/s, per-query
-#: 5,860, grouped 5,200; k = 10: 5,530, 3,720 and 5,050; the pre-filtered path leads at nprobe 26 and 52 too; batches
-#: of 256 (3.4 queries per list), k = 1: per-query ahead (8,800 against 6,300 CPU q/s).
+#: ``nprobe <= GROUPED_MAX_NPROBE``; else the per-query path. The rule depends only on the batch shape
+#: (docs/decisions.md, 'Batch search paths').
 BATCH_MIN_QUERIES_PER_LIST = 8
 GROUPED_MIN_K = 8
 GROUPED_MAX_NPROBE = 16
@@ -231,7 +229,7 @@ class InvertedLists:
 
     def batch_path(self, n_q, k, nprobe):
         """The path :meth:`search` takes for ``n_q`` queries with ``path="auto"``: ``"per-query"``,
-        ``"prefiltered"`` or ``"grouped"`` (measured; see ``BATCH_MIN_QUERIES_PER_LIST``)."""
+        ``"prefiltered"`` or ``"grouped"`` (the rule of ``BATCH_MIN_QUERIES_PER_LIST``)."""
         if self.sparse or n_q * min(nprobe, self.n_lists) < BATCH_MIN_QUERIES_PER_LIST * self.n_lists:
             return "per-query"
         if self.store == "float32":

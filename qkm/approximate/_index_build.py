@@ -22,12 +22,10 @@ BLOCK_DIMS = 64
 TAIL_BLOCKS = 2
 #: Rows of the sample the principal axes are fitted on.
 BASIS_SAMPLE = 20000
-#: Lloyd iterations of the index's own quantiser (on all the rows). On Fashion-MNIST (980 lists) 8 to 14
-#: iterations calibrated nprobe 14 instead of 13 (same recall on test queries at nprobe 13): 20 kept.
+#: Lloyd iterations of the index's own quantiser (on all the rows; see docs/decisions.md, 'Index build').
 QUANTIZER_ITER = 20
 #: The quantiser's greedy k-means++ seeding runs on a sample of about this many rows per list
-#: (:class:`qkm.KMeans`' ``init_sample``): seeding on all the rows took ~40 % of the build
-#: (``benchmarks/results/ann_build.md``).
+#: (:class:`qkm.KMeans`' ``init_sample``; see docs/decisions.md, 'Index build').
 QUANTIZER_SEED_ROWS = 8
 
 def fit_basis(X, n_coords, rng):

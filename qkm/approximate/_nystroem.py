@@ -62,10 +62,8 @@ class Nystroem(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator)
     landmarks : {"qkmeans", "kmeans", "uniform"} or qkm estimator, default="qkmeans"
         ``"qkmeans"``: the centroids of :class:`qkm.QKMeans` fitted with
         ``center=True`` (the training mean kept beside the factors, as the
-        paper's code fits QK-means on centred data; measured on Fashion-MNIST,
-        K = 64, s = 3, ``benchmarks/paper_table4.py``: LinearSVC on the
-        features 0.814 / 0.818 instead of 0.806 / 0.810 at seeds 0 / 1;
-        ``landmark_params={"center": False}`` turns it off);
+        paper's code fits QK-means on centred data; see docs/decisions.md,
+        'Nyström landmarks'; ``landmark_params={"center": False}`` turns it off);
         ``"kmeans"``: of
         :class:`qkm.KMeans`; ``"uniform"``: ``n_components`` training rows
         drawn without replacement (the same rows as scikit-learn's
@@ -81,10 +79,8 @@ class Nystroem(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator)
     n_factors : int or None, default=None
         ``landmarks="qkmeans"``: number of factors; None: the paper's
         ``floor(log2(max(K, D)))``, each of ``s * max(r, c)`` values (not
-        :class:`qkm.QKMeans`' 2-factor default: with it the Nyström +
-        LinearSVC accuracy on Fashion-MNIST, K = 64, s = 3, fell to 0.8076
-        (mean of seeds 0-4) against 0.8155 and the goal 0.8119;
-        ``benchmarks/README.md``).
+        :class:`qkm.QKMeans`' 2-factor default; see docs/decisions.md,
+        'Nyström landmarks').
     landmark_params : dict or None, default=None
         Keyword arguments of the :class:`qkm.QKMeans` / :class:`qkm.KMeans`
         that learns the landmarks (e.g. ``{"max_iter": 20}``); they override

@@ -208,8 +208,8 @@ def choose_lists(i0, i1, Q, ix, Z, V, nq, dots, n_listed, cmax, mnorm, nprobe, k
             for t in range(nprobe + 1):
                 top[t] = np.inf
             last = np.float32(np.inf)
-            # the nprobe + 1 smallest (an empty list is infinite), values kept beside their ids: the package's
-            # _k_smallest (ids only, values re-read through them) measured 5 % slower here (ann_batch_ab.py, k = 1)
+            # the nprobe + 1 smallest (an empty list is infinite), values kept beside their ids rather than the
+            # package's _k_smallest (ids only, values re-read through them): see docs/decisions.md
             for c in range(L):
                 a = drow[c]
                 if a < last:

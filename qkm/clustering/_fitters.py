@@ -32,12 +32,8 @@ def _training_operator(factors, dtype, previous, mean=None):
 
 
 #: Least-squares sweeps per warm refit and in the final polish when ``palm_warm_iter`` / ``palm_max_iter`` are
-#: None, for dense targets and for sparse ones (wide sparse data, qkm.factorization._lsq_sparse). Measured on
-#: news20 (K = 100, s = 3, same seeds, supports moved in the first sweep only): after 6 Lloyd iterations 2
-#: sweeps per refit reached 14,261 against 14,259 with 10 (K-means converges at 14,213) in about half the
-#: refit time; full fits (load 3): 1 sweep 7.5 s, objective 14,231.7; 2 sweeps 9.2 s, 14,231.9 (20 Newsgroups:
-#: 20.9 s, 16,738.12 vs 22.0 s, 16,738.06; K-means 16,732.7). A 30-sweep polish gained 4e-6 relative
-#: (10 sweeps: 5e-6, and 9 s of an 80 s fit on 20 Newsgroups under load), hence 3.
+#: None, for dense targets and for sparse ones (wide sparse data, qkm.factorization._lsq_sparse; see
+#: docs/decisions.md, 'Sweeps per refit').
 DENSE_WARM_SWEEPS, DENSE_POLISH_SWEEPS = 10, 300
 SPARSE_WARM_SWEEPS, SPARSE_POLISH_SWEEPS = 1, 3
 
@@ -54,10 +50,8 @@ class _ChainFitter:
     factor solved exactly on a support chosen afresh (greedy orthogonal least
     squares under the budget for the first and last factor, the support of a
     projected gradient step for the inner ones) and kept only if the weighted
-    error goes down (:mod:`qkm.factorization._lsq`). PALM's single gradient step per factor
-    rarely moves a support: on Fashion-MNIST (K = 64, s = 3, 20 Lloyd
-    iterations from the same seeds) the objective went from 1.207 to 1.066
-    times K-means' with fewer values (3,888 instead of 4,588).
+    error goes down (:mod:`qkm.factorization._lsq`), rather than PALM's single gradient
+    step per factor, which rarely moves a support (see docs/decisions.md, 'Least-squares sweeps').
     """
 
     #: Least-squares sweeps on the seeds after the hierarchical start.

@@ -160,13 +160,8 @@ class QKMeans(_FactoredKMeans):
         Factors ``Q``. Shapes are ``K x A``, ``A x A`` ..., ``A x D`` with
         ``A = min(K, D)``. None: 2 when ``K <= D`` (1 when ``max(K, D) < 4``),
         holding the values of the paper's chain; the paper's
-        ``floor(log2(max(K, D)))`` when ``K > D``. Two factors kept every
-        cluster and reached a higher AMI on Fashion-MNIST (K = 64, s = 3:
-        0.4868 against 0.4816 for the paper's 9 factors on the paper's
-        protocol, 3 seeds) at a third of the CPU time; on KDD Cup 99
-        (K = 256 > D = 118) they reached 2.28 times K-means' objective
-        against 1.54 (``benchmarks/results/qkmeans_paper.md``,
-        ``benchmarks/README.md``).
+        ``floor(log2(max(K, D)))`` when ``K > D`` (see docs/decisions.md,
+        'Chain length').
     init : {"k-means++", "d2-seeding", "k-means||", "random"} or array of shape (n_clusters, n_features), \
 default="k-means++"
     d2_samples, oversampling_factor, init_rounds, init_sample
@@ -189,12 +184,10 @@ default="k-means++"
         A factorisation stops when its objective changes by less than this (relative).
     center : bool, default=False
         Keep the data mean beside the factors (``V = mean_ + S_1 ... S_Q``)
-        and fit the factors to the centred means. Off by default: measured on
-        Fashion-MNIST (K = 64, 20 iterations, 3 seeds) the chain represents the
-        mean better itself (an atom with a scale per centroid): 1.066 vs
-        1.073 times K-means' objective at s = 3, 1.023 vs 1.026 at s = 5,
-        and the model is ``n_features`` values smaller. Sparse data stay sparse
-        either way.
+        and fit the factors to the centred means. Off by default: the chain
+        can represent the mean itself (an atom with a scale per centroid), and
+        the model is ``n_features`` values smaller (see docs/decisions.md,
+        'Centring'). Sparse data stay sparse either way.
     budget_split : {"auto", "total", "even", "wide"}, default="auto"
         "auto": "total" when ``n_factors`` is None, "even" when it is given
         (a given ``n_factors`` fits the chain it fitted before the 2-factor
@@ -210,9 +203,7 @@ default="k-means++"
         ``n_factors=floor(log2(max(K, D)))`` is the chain this estimator
         fitted by default before). "wide": the even
         total, ``(s - 1) * max(r, c)`` for every factor but the widest,
-        which takes the rest; it lost clusters and reached a higher
-        objective on Fashion-MNIST and COIL-20
-        (``benchmarks/results/qkmeans_budget_split.md``).
+        which takes the rest (see docs/decisions.md, 'Budget splits').
     random_state : int, RandomState instance or None, default=None
     n_jobs : int or None, default=None
         numba threads.
@@ -348,9 +339,8 @@ class LowRankKMeans(_FactoredKMeans):
         Rank of the centroid matrix (capped at ``min(K, D)``).
     init, d2_samples, oversampling_factor, init_rounds, init_sample, n_init, max_iter, tol, center, \
 random_state, n_jobs, verbose
-        As in :class:`QKMeans` (``center=True``: ``V = mean_ + P Q``; measured
-        on Fashion-MNIST at rank 5, 1.314 vs 1.323 times K-means' objective,
-        for ``n_features`` more values).
+        As in :class:`QKMeans` (``center=True``: ``V = mean_ + P Q``, for
+        ``n_features`` more values; see docs/decisions.md, 'Centring').
 
     Attributes
     ----------

@@ -10,9 +10,8 @@ warm refits (of the cluster means). Both pick where the sweeps run:
   nonzero, at least :data:`SPARSE_TARGET_MIN_COLUMNS` columns: the cluster
   means of tf-idf data), the sweeps that keep the target and the wide
   last factor sparse (:func:`qkm.factorization._lsq_sparse.sparse_lsq_palm`):
-  a sweep on fixed supports costs about ``nnz(T) s`` instead of ``K A D``.
-  Measured on news20 (15,935 x 62,061, K = 100): see
-  ``benchmarks/results/qkmeans_sparse.md``.
+  a sweep on fixed supports costs about ``nnz(T) s`` instead of ``K A D``
+  (see docs/decisions.md, 'Wide sparse targets').
 
 The returned :class:`~qkm.factorization._palm.PalmState` records both
 (``path``, ``n_columns``, ``target``) and, for :func:`factorize_weighted`, ``start``.
@@ -148,10 +147,8 @@ def exact_start(T, n_factors, budgets):
     On wide sparse data the seeds (``K`` documents) touch few of the ``D``
     words, and the last factor's budget ``s D`` holds them all: the chain of
     identities and the seeds themselves is an exact factorisation, which the
-    hierarchical palm4MSA (hundreds of sweeps) would only approximate. Measured
-    on news20 (K = 100, s = 3, Q = 15): the hierarchical start took 35 s, this
-    one 0.3 s, and the fit ended at a lower objective (see
-    ``benchmarks/results/qkmeans_sparse.md``).
+    hierarchical palm4MSA (hundreds of sweeps) would only approximate (see
+    docs/decisions.md, 'Wide sparse targets').
     """
     K, D = T.shape
     if n_factors < 2 or K > D or _nnz(T) > budgets[-1][1]:

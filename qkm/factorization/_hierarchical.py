@@ -6,8 +6,8 @@ the scales multiply, and a global PALM over ``[S_1 .. S_l, T']`` refits
 everything to the original target (warm). The last residual is ``S_Q``.
 
 Hierarchical splits use plain projected steps (``monotone=False``, FAuST's
-behaviour): monotone splits lock the supports in early (measured: Hadamard
-matrices are then not recovered); the global refits are monotone.
+behaviour); the global refits are monotone (see docs/decisions.md,
+'palm4MSA').
 """
 
 import numpy as np

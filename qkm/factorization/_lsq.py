@@ -26,12 +26,8 @@ pursuit, Foucart 2011). The factor is solved on the candidate and keeps that
 solution only if ``f`` went down (else it is solved on its current support),
 so ``f`` never increases.
 
-Measured on the weighted Fashion-MNIST K-means centroids (K = 64, Q = 9,
-s = 3; weighted error over the K-means objective, from the same hierarchical
-start): 300 PALM sweeps 0.235; 20 least-squares sweeps on the PALM supports
-0.183; 60 sweeps with gradient-step supports and the budgets of
-:func:`factor_budgets` 0.118; with the greedy supports for the first and last
-factors 0.065.
+Why least-squares sweeps instead of PALM steps, and greedy supports for the
+first and last factors: docs/decisions.md, 'Least-squares sweeps'.
 """
 
 import math

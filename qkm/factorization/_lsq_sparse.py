@@ -19,11 +19,9 @@ of tf-idf data) is sparse and ``D`` is large. Only the last factor ``S_Q``
   time and only the running largest entries are kept (a pool of about
   ``1.5 s D``, never an ``A x D`` buffer: :func:`gradient_step_support`), then
   the values are solved on that support and kept if ``f`` went down. The
-  dense sweeps use greedy OLS there (better on dense means, measured in
-  :mod:`qkm.factorization._ols`); on news20 (K = 100) the gradient step
-  ended within 0.02 % of OLS' objective at a fraction of its time and memory
-  (its Gram-Schmidt pool alone is ``s D A`` values), see
-  ``benchmarks/results/qkmeans_sparse.md``;
+  dense sweeps use greedy OLS there (:mod:`qkm.factorization._ols`), whose
+  Gram-Schmidt pool alone is ``s D A`` values (see docs/decisions.md,
+  'Wide sparse targets');
 * the inner factors see ``S_Q WT^T`` (``A x K``) and ``S_Q S_Q^T`` (``A x A``),
   sparse products, and are solved exactly as in the dense sweeps;
 * ``lam`` and ``f`` come from Grams, never from a ``K x D`` residual:

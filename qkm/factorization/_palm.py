@@ -42,8 +42,7 @@ most ``s`` per row and per column): the greedy union can capture less of the
 gradient step than the current support, and then ``f`` can go up. Such a step
 is redone on the current support (the exact projection onto ``{supp <= supp(S),
 unit norm}``, a subset of ``E``: a descent step), and if even that fails the
-factor is kept. On K-means centroids about half the ``splincol`` steps take
-that path. Hence ``f`` never increases in :func:`palm`. A start factor in ``E``
+factor is kept (see docs/decisions.md, 'palm4MSA'). Hence ``f`` never increases in :func:`palm`. A start factor in ``E``
 (checked exactly by :func:`qkm.factorization._projections.splincol_feasible`) is only normalised, so a warm
 start from a previous result continues from it; anything else is projected.
 

@@ -77,9 +77,8 @@ def default_n_factors(n_clusters, n_features):
 
     With :class:`qkm.QKMeans`' default ``budget_split="auto"`` the two factors hold
     the values of the paper's chain (:func:`paper_n_factors`;
-    1 factor when ``max(K, D) < 4``, as the paper's). When ``K > D`` two
-    factors reached a much higher objective on KDD Cup 99 (K = 256, D = 118)
-    than the paper's chain (``benchmarks/README.md``), so the paper's chain stays.
+    1 factor when ``max(K, D) < 4``, as the paper's). When ``K > D`` the
+    paper's chain stays (see docs/decisions.md, 'Chain length').
 
     Examples
     --------
@@ -100,8 +99,7 @@ def factor_budgets(shapes, s, split="even"):
     ``split="even"`` gives every factor ``s * max(rows, cols)``: the nominal
     budget of the QuickK-means reference code. The reference turns that count
     into ``s max(rows, cols) / cols`` values per column and ``/ rows`` per row
-    and keeps their union (more values than the budget, 4,638 instead of 3,888
-    on Fashion-MNIST at K = 64, s = 3); here the budget is a hard cap and the
+    and keeps their union (more values than the budget); here the budget is a hard cap and the
     least-squares sweeps choose where the values go (a wide factor gives none
     to pixels that never vary, several to those that separate the clusters).
 
@@ -109,12 +107,7 @@ def factor_budgets(shapes, s, split="even"):
     widest (largest ``max(rows, cols)``: the last when ``K < D``, the first
     when ``K > D``) ``max(s - 1, 1) * max(rows, cols)`` and the widest the rest
     (at K = 64, D = 784, s = 3: 128 values per inner factor, 2,864 for the wide
-    one). Not the default: measured on Fashion-MNIST and COIL-20 (K = 64, 20
-    Lloyd iterations, seeds 0, 1, 2; ``benchmarks/results/qkmeans_budget_split.md``)
-    its higher AMI came from clusters lost at the start (the hierarchical
-    start projected on the smaller inner budgets zeroes rows of the first
-    factor), and with every cluster kept it is no better than "even" and
-    worse in objective. When no factor is strictly the widest
+    one). Not the default (see docs/decisions.md, 'Budget splits'). When no factor is strictly the widest
     (``K == D``, or one factor) the split is the even one. No budget exceeds
     its factor's size; what the widest cannot hold goes back to the others (up
     to their even budget).
@@ -125,11 +118,9 @@ def factor_budgets(shapes, s, split="even"):
     ``s * max(rows, cols)`` and the others share the rest evenly (each capped
     by its size), so a short chain has denser inner factors (3 factors at
     K = 64, D = 784, s = 3: 768, 768 and 2,352). On the paper's chain it is the
-    even split. With 2 factors it is :class:`qkm.QKMeans`' default chain (K <= D):
-    measured on Fashion-MNIST (K = 64, 20 Lloyd iterations;
-    ``benchmarks/results/qkmeans_ami_s3.md``), 2 factors (1,536 and 2,352
-    values) keep every cluster and raise the AMI over the 9-factor even chain
-    at the same 3,888 values.
+    even split. With 2 factors it is :class:`qkm.QKMeans`' default chain (K <= D;
+    K = 64, D = 784, s = 3: 1,536 and 2,352 values; see docs/decisions.md,
+    'Chain length').
 
     Examples
     --------

@@ -139,7 +139,7 @@ def _last_lanes(
     """S_1 applied row by row, each row folded straight into the argmin (lowest k on ties).
 
     The argmin is kept as a float64 so that both running values are selected
-    with same-width vector blends (2x faster than an int32 index).
+    with same-width vector blends (see docs/decisions.md, 'Operator kernels').
     """
     for l in range(b):
         best_d[l] = np.inf
@@ -173,7 +173,7 @@ def _transpose_block(
     T,                              # OUT (D, >= b) the block transposed
 ):
     """Groups of 8 samples at a time: a fixed-length inner loop of 8 strided
-    loads and one contiguous store is about 2x faster than a tiled copy."""
+    loads and one contiguous store per group (see docs/decisions.md, 'Operator kernels')."""
     D = X.shape[1]
     Xb = X[r0:r0 + b]  # indices from ranges only: no wrap-around selects
     full = b - b % _GROUP
@@ -373,8 +373,8 @@ def fold_chain(
     """V in column blocks: the block of S_Q (from its CSC) pushed through the other factors.
 
     The (A, width) buffers stay in cache, unlike a right-to-left sparse @ dense
-    fold whose (A, D) intermediates stream through memory (about 10x slower at
-    1024 x 4096). Every column block is independent: no thread dependence.
+    fold whose (A, D) intermediates stream through memory (see docs/decisions.md,
+    'Operator kernels'). Every column block is independent: no thread dependence.
     """
     Q, D, K, m, cols = _fold_dims(meta, ptr)
     for blk in prange((D + width - 1) // width):

@@ -124,8 +124,8 @@ def _lane_rows(indptr, indices, data, max_padding=0.25):
     Rows of one uniform count 3 or 5 are kept (``w`` = 3 or 5). Otherwise,
     if that adds at most ``max_padding`` more entries, every row is padded
     with zeros (on its last column) to a nonzero multiple of 3 (``w`` = -3):
-    the blocked kernel then runs one branch-free 3-term loop per group, about
-    2x faster than handling remainders. Adding ``0 * x`` leaves every sum
+    the blocked kernel then runs one branch-free 3-term loop per group, with
+    no remainder code (see docs/decisions.md, 'Operator kernels'). Adding ``0 * x`` leaves every sum
     bit-identical. Else the rows are kept as they are (``w`` = -1).
     """
     counts = np.diff(indptr)
