@@ -137,7 +137,7 @@ class QKMeans(_FactoredKMeans):
     seeds); every refit then runs
     least-squares sweeps that solve each factor exactly on a support and pick
     the supports afresh (greedy orthogonal least squares for the first and last
-    factors; see :func:`qkm.palm4msa.factorize`); a longer polish runs at the
+    factors; see :func:`qkm.factorization.factorize`); a longer polish runs at the
     end. A refit that would raise the objective is discarded. When the means
     are sparse (tf-idf data) the sweeps keep them and the wide last factor
     sparse, move the last factor's support by a gradient step, and run fewer
@@ -261,7 +261,7 @@ default="k-means++"
     See Also
     --------
     LowRankKMeans : the rank-constrained baseline.
-    qkm.palm4msa.factorize : the factorisation of the seeds (and of any matrix).
+    qkm.factorization.factorize : the factorisation of the seeds (and of any matrix).
 
     Examples
     --------

@@ -1,4 +1,4 @@
-"""palm4MSA: a matrix as a scaled product of sparse factors.
+"""Factorisation (palm4MSA): a matrix as a scaled product of sparse factors.
 
 ``T ~ lambda_ * S_1 @ S_2 @ ... @ S_Q`` where every ``S_q`` keeps at most
 ``sparsity_level`` largest entries per row and per column (FAuST's
@@ -15,7 +15,13 @@ this form.
   default factor shapes.
 
 Implementation notes (step sizes, the cost of a sweep, why the objective is
-non-increasing) are in :mod:`qkm.factorization._palm`.
+non-increasing) are in :mod:`qkm.factorization._palm`. Private modules: the
+PALM sweeper (``_palm``, ``_palm_products``), projections (``_projections``),
+the least-squares sweeps QK-means refits with (``_lsq``, ``_lsq_sparse``,
+``_ols``), the hierarchical start (``_hierarchical``), the seeds'
+factorisation and refits (``_factorize``, ``_columns``) and the chain's
+shapes and value budgets (``_shapes``). Also at the old path
+:mod:`qkm.palm4msa`.
 """
 
 from dataclasses import dataclass, field

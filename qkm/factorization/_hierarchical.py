@@ -1,4 +1,4 @@
-"""Hierarchical palm4MSA, residual on the right (private; public API in :mod:`qkm.palm4msa`).
+"""Hierarchical palm4MSA, residual on the right (private; public API in :mod:`qkm.factorization`).
 
 Le Magoarou & Gribonval (2016): at level ``l = 1 .. Q-1`` the current residual
 is split as ``lambda' S_l T'`` by a two-factor PALM started from ``(I, 0)``,

@@ -1,4 +1,4 @@
-"""palm4MSA, the PALM sweeper: private implementation (public API in :mod:`qkm.palm4msa`).
+"""palm4MSA, the PALM sweeper: private implementation (public API in :mod:`qkm.factorization`).
 
 Problem (Le Magoarou & Gribonval 2016; QuickK-means appendix, Algorithm 2)::
 
