@@ -5,12 +5,12 @@ Run by ``serve_search_overhead.py --in-process N`` with the python of each check
 model's own ``search`` of the same rows (float32, one at a time) in the same rounds, the part of ``/search``
 that is the index and not the service (subtracted round by round, it takes out most of the machine's noise). Every request is a fresh
 ASGI scope, a one-message body and a ``send`` that keeps the messages; the first answer of each endpoint
-must be a 200. ``"floor /search"``: ``serve_load.floor_app`` (parse, ``index.query``, encode; nothing
+must be a 200. ``"floor /search"``: ``serve_floor.floor_app`` (parse, ``index.query``, encode; nothing
 else) on the same bodies in the same rounds, the least any service does for them. The bare app of
 ``serve_load.py`` (``baseline``) costs a few microseconds this way: what is measured is the application's
 own work, the HTTP stack left out.
 
-    python benchmarks/_asgi_in_process.py MODEL N ROUNDS DATA_DIR
+    python benchmarks/studies/_asgi_in_process.py MODEL N ROUNDS DATA_DIR
 """
 
 import asyncio
@@ -20,9 +20,11 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+# A study: it lives in benchmarks/studies/ and imports the shared modules of benchmarks/ (the parent folder).
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import serve_load as sl  # noqa: E402
+from serve_floor import FLOOR_MODEL_ENV, floor_app, floor_load  # noqa: E402  (beside this file)
 
 ENDPOINTS = ("/search", "/assign")
 
@@ -77,7 +79,7 @@ async def _timed(app, path, bodies, n):
 
 
 async def measure(app, bodies, n, rounds, endpoints=ENDPOINTS, model=None, Q=None, floor=None):
-    """``{endpoint: [CPU us per request of each round]}``; with ``floor`` (``serve_load.floor_app``, loaded):
+    """``{endpoint: [CPU us per request of each round]}``; with ``floor`` (``serve_floor.floor_app``, loaded):
     also ``"floor /search"``, the least an HTTP service can do for the same bodies, in the same rounds."""
     queues = await _lifespan(app)
     apps = [(path, app, path) for path in endpoints] + ([("floor /search", floor, "/search")] if floor else [])
@@ -108,9 +110,9 @@ def main():
     bodies = [json.dumps({"instances": Q[i:i + 1].tolist()}).encode() for i in range(256)]
     model = load_model(model_path)
     app = create_app(model, model_name="bench")
-    os.environ[sl.FLOOR_MODEL_ENV] = str(model_path)
-    sl.floor_load()
-    print(json.dumps(asyncio.run(measure(app, bodies, n, rounds, model=model, Q=Q, floor=sl.floor_app))))
+    os.environ[FLOOR_MODEL_ENV] = str(model_path)
+    floor_load()
+    print(json.dumps(asyncio.run(measure(app, bodies, n, rounds, model=model, Q=Q, floor=floor_app))))
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 
 Rerun (from the repository root, in a git checkout; reuses ``ann.py``'s saved index when it exists, else fits it)::
 
-    .venv/bin/python benchmarks/ann_batch_ab.py --out benchmarks/results/ann_batch_int8
+    .venv/bin/python benchmarks/studies/ann_batch_ab.py --out benchmarks/results/studies/ann_batch_int8
 
 The ref's ``qkm`` package is extracted by ``git archive`` into a temporary
 directory and imported under another name; its ``InvertedLists`` is built
@@ -30,8 +30,9 @@ from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+REPO = Path(__file__).resolve().parents[2]
+# A study: it lives in benchmarks/studies/ and imports the shared modules of benchmarks/ (the parent folder).
+sys.path.insert(0, str(REPO / "benchmarks"))
 
 
 def import_ref(ref, where):
@@ -124,7 +125,7 @@ def main():
                       p99_us=float(np.percentile(v, 99) * 1e6)) for s, v in lat.items()}
     single_load = [round(v, 2) for v in os.getloadavg()]
     print(single, flush=True)
-    result = dict(command="python benchmarks/ann_batch_ab.py " + " ".join(sys.argv[1:]), ref=args.ref,
+    result = dict(command="python benchmarks/studies/ann_batch_ab.py " + " ".join(sys.argv[1:]), ref=args.ref,
                   ref_commit=ref_commit, head=head, n_indexed=int(X.shape[0]),
                   n_queries=sum(len(b) for b in batches), n_lists=int(new.n_lists), nprobe_auto=int(nprobe),
                   rounds=args.rounds, load_before=[round(v, 2) for v in load_before], rows=rows,
@@ -133,8 +134,8 @@ def main():
     if args.out:
         Path(args.out + ".json").write_text(json.dumps(result, indent=1) + "\n")
         lines = [f"# ClusterIndex batch path A/B: {args.ref} against this branch", "",
-                 "Produced by `benchmarks/ann_batch_ab.py`; rerun with:", "",
-                 f"    .venv/bin/python benchmarks/ann_batch_ab.py {' '.join(sys.argv[1:])}", "",
+                 "Produced by `benchmarks/studies/ann_batch_ab.py`; rerun with:", "",
+                 f"    .venv/bin/python benchmarks/studies/ann_batch_ab.py {' '.join(sys.argv[1:])}", "",
                  f"Fashion-MNIST, {result['n_indexed']:,} rows indexed, {result['n_queries']:,} queries in batches of "
                  f"1,000, 1 thread, {result['n_lists']} lists, default nprobe {nprobe}, `InvertedLists.search` "
                  f"(the path each side picks), A then B in each of {args.rounds} rounds, medians. A = `{args.ref}` "

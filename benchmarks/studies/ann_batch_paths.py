@@ -2,7 +2,7 @@
 
 Rerun (from the repository root; reuses ``ann.py``'s saved index when it exists, else fits and saves it)::
 
-    .venv/bin/python benchmarks/ann_batch_paths.py --out benchmarks/results/ann_batch_paths
+    .venv/bin/python benchmarks/studies/ann_batch_paths.py --out benchmarks/results/studies/ann_batch_paths
 
 Batches of 1,000 test images against the 60,000 training images, 1 thread,
 ``ClusterIndex`` default settings (the index of ``ann.py``). For every
@@ -24,8 +24,9 @@ from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+REPO = Path(__file__).resolve().parents[2]
+# A study: it lives in benchmarks/studies/ and imports the shared modules of benchmarks/ (the parent folder).
+sys.path.insert(0, str(REPO / "benchmarks"))
 PATHS = ("per-query", "grouped", "prefiltered")
 
 
@@ -86,7 +87,7 @@ def main():
                   p50_us=float(np.median(lat)), p90_us=float(np.percentile(lat, 90)),
                   p99_us=float(np.percentile(lat, 99)), load=[round(v, 2) for v in os.getloadavg()])
     print(single, flush=True)
-    result = dict(command="python benchmarks/ann_batch_paths.py " + " ".join(sys.argv[1:]),
+    result = dict(command="python benchmarks/studies/ann_batch_paths.py " + " ".join(sys.argv[1:]),
                   n_indexed=int(X.shape[0]), n_queries=sum(len(b) for b in batches), n_lists=int(lists.n_lists),
                   nprobe_auto=int(index.nprobe_), rounds=args.rounds,
                   load_before=[round(v, 2) for v in load_before], load_after=[round(v, 2) for v in os.getloadavg()],
@@ -94,8 +95,8 @@ def main():
     if args.out:
         Path(args.out + ".json").write_text(json.dumps(result, indent=1) + "\n")
         lines = ["# ClusterIndex batch paths (per query, grouped, pre-filtered) and one-query latency", "",
-                 "Produced by `benchmarks/ann_batch_paths.py`; rerun with:", "",
-                 f"    .venv/bin/python benchmarks/ann_batch_paths.py {' '.join(sys.argv[1:])}", "",
+                 "Produced by `benchmarks/studies/ann_batch_paths.py`; rerun with:", "",
+                 f"    .venv/bin/python benchmarks/studies/ann_batch_paths.py {' '.join(sys.argv[1:])}", "",
                  f"Fashion-MNIST, {result['n_indexed']:,} rows indexed, {result['n_queries']:,} queries in batches of "
                  f"1,000, 1 thread, {result['n_lists']} lists (nprobe auto = {result['nprobe_auto']}), median of "
                  f"{args.rounds} interleaved rounds. Load average before {result['load_before']}, after "

@@ -2,7 +2,7 @@
 
 Rerun (from the repository root; reuses ``ann.py``'s saved index when it exists, else fits it)::
 
-    .venv/bin/python benchmarks/ann_batch_profile.py --out benchmarks/results/ann_batch_profile
+    .venv/bin/python benchmarks/studies/ann_batch_profile.py --out benchmarks/results/studies/ann_batch_profile
 
 Batches of 1,000 Fashion-MNIST test images against the 60,000 training
 images, 1 thread, the default ``nprobe``, k = 1 and 10, the phases of
@@ -24,8 +24,9 @@ from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+REPO = Path(__file__).resolve().parents[2]
+# A study: it lives in benchmarks/studies/ and imports the shared modules of benchmarks/ (the parent folder).
+sys.path.insert(0, str(REPO / "benchmarks"))
 
 
 def phases(lists, Q, k, nprobe):
@@ -84,14 +85,14 @@ def main():
                        slots_per_query=round(float(slots), 1), load=[round(v, 2) for v in os.getloadavg()])
             rows.append(row)
             print(row, flush=True)
-    result = dict(command="python benchmarks/ann_batch_profile.py " + " ".join(sys.argv[1:]), n_lists=int(lists.n_lists),
+    result = dict(command="python benchmarks/studies/ann_batch_profile.py " + " ".join(sys.argv[1:]), n_lists=int(lists.n_lists),
                   nprobe=int(nprobe), n_coords=int(lists.n_coords), n_queries=sum(len(b) for b in batches),
                   rounds=args.rounds, rows=rows)
     if args.out:
         Path(args.out + ".json").write_text(json.dumps(result, indent=1) + "\n")
         lines = ["# ClusterIndex pre-filtered batch path, phase by phase", "",
-                 "Produced by `benchmarks/ann_batch_profile.py`; rerun with:", "",
-                 f"    .venv/bin/python benchmarks/ann_batch_profile.py {' '.join(sys.argv[1:])}", "",
+                 "Produced by `benchmarks/studies/ann_batch_profile.py`; rerun with:", "",
+                 f"    .venv/bin/python benchmarks/studies/ann_batch_profile.py {' '.join(sys.argv[1:])}", "",
                  f"Fashion-MNIST, 60,000 rows indexed, {result['n_queries']:,} queries in batches of 1,000, 1 thread, "
                  f"{result['n_lists']} lists, nprobe {nprobe}, {result['n_coords']} coordinates per row; medians of "
                  f"{args.rounds} rounds, microseconds of process CPU time per query. `plan`: the choice again, the grouping by "

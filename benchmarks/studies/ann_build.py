@@ -2,7 +2,7 @@
 
 Rerun (from the repository root)::
 
-    .venv/bin/python benchmarks/ann_build.py --baseline d95a66f --rounds 3 --out benchmarks/results/ann_build
+    .venv/bin/python benchmarks/studies/ann_build.py --baseline d95a66f --rounds 3 --out benchmarks/results/studies/ann_build
 
 Fashion-MNIST (60,000 x 784, float32 in [0, 1], as ``ann.py``), 1 thread
 everywhere. The model ``qkm.QKMeans(64, sparsity_level=3, random_state=0)``
@@ -29,7 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]  # the repository (this study is in benchmarks/studies/)
 MODEL = "qkm.QKMeans(64, sparsity_level=3, random_state=0)"
 PHASES = ("nearest_clusters", "fit_basis", "coordinates", "fit_quantizer", "InvertedLists", "calibrate_nprobe")
 
@@ -164,7 +164,7 @@ def main():
                              recall1=[r["recall1"] for r in rs], batch_qps=median([r["batch_qps"] for r in rs]),
                              single_us=median([r["single_us"] for r in rs]),
                              phases={k: median([r["phases"].get(k, 0.0) for r in rs]) for k in PHASES})
-    payload = dict(command=" ".join([".venv/bin/python", "benchmarks/ann_build.py", *sys.argv[1:]]),
+    payload = dict(command=" ".join([".venv/bin/python", "benchmarks/studies/ann_build.py", *sys.argv[1:]]),
                    model=MODEL, model_fit_s=fit_s, model_fit_load=fit_load, baseline=args.baseline,
                    machine=dict(platform=platform.platform(), cpus=os.cpu_count()), runs=runs, summary=summary)
     if args.out:
@@ -176,7 +176,7 @@ def main():
 def render(payload):
     s, fit = payload["summary"], payload["model_fit_s"]
     lines = ["# ClusterIndex build time against the model's fit (Fashion-MNIST, 1 thread)", "",
-             "Produced by `benchmarks/ann_build.py`; rerun with:", "", f"    {payload['command']}", "",
+             "Produced by `benchmarks/studies/ann_build.py`; rerun with:", "", f"    {payload['command']}", "",
              f"Model `{payload['model']}` fitted in {fit:.1f} s in the same run (load average before/after "
              f"{payload['model_fit_load']}). Each side builds the default `qkm.ClusterIndex(model, random_state=0)` "
              "in its own process, interleaved (old, new, old, new, ...); medians over the rounds. `old`: "

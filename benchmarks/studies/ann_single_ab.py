@@ -2,7 +2,7 @@
 
 Rerun (from the repository root, in a git checkout; reuses ``ann.py``'s saved index when it exists, else fits it)::
 
-    .venv/bin/python benchmarks/ann_single_ab.py --ref c928f7f --single 1000 --rounds 5 --out benchmarks/results/ann_single_ab
+    .venv/bin/python benchmarks/studies/ann_single_ab.py --ref c928f7f --single 1000 --rounds 5 --out benchmarks/results/studies/ann_single_ab
 
 The ref's ``qkm`` package is extracted by ``git archive`` and imported under
 another name (as ``ann_batch_ab.py`` does); its ``ClusterIndex`` gets the
@@ -28,8 +28,9 @@ from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+REPO = Path(__file__).resolve().parents[2]
+# A study: it lives in benchmarks/studies/ and imports the shared modules of benchmarks/ (the parent folder).
+sys.path.insert(0, str(REPO / "benchmarks"))
 
 
 def ref_index(index, ref_module, cls):
@@ -105,15 +106,15 @@ def main():
                           ratio_p50=float(np.median(ratio)),
                           cpu_ratio_p50=float(np.median(cpu[b_name] / np.maximum(cpu[a_name], 1e-9))), loads=loads)
             print(k, json.dumps(out[k]), flush=True)
-    result = dict(command="python benchmarks/ann_single_ab.py " + " ".join(sys.argv[1:]), ref=args.ref,
+    result = dict(command="python benchmarks/studies/ann_single_ab.py " + " ".join(sys.argv[1:]), ref=args.ref,
                   ref_commit=ref_commit, head=head, n_indexed=int(X.shape[0]), n_lists=int(new.n_lists_),
                   nprobe=int(new.nprobe_), single=len(singles), rounds=args.rounds, load_before=load_before,
                   results={str(k): v for k, v in out.items()})
     if args.out:
         Path(args.out + ".json").write_text(json.dumps(result, indent=1) + "\n")
         lines = [f"# ClusterIndex one query at a time: {args.ref} against this branch", "",
-                 "Produced by `benchmarks/ann_single_ab.py`; rerun with:", "",
-                 f"    .venv/bin/python benchmarks/ann_single_ab.py {' '.join(sys.argv[1:])}", "",
+                 "Produced by `benchmarks/studies/ann_single_ab.py`; rerun with:", "",
+                 f"    .venv/bin/python benchmarks/studies/ann_single_ab.py {' '.join(sys.argv[1:])}", "",
                  f"Fashion-MNIST, {result['n_indexed']:,} rows indexed, {result['n_lists']} lists, default nprobe "
                  f"{result['nprobe']}, 1 thread; `index.query(x)` on {len(singles):,} test images (float32 (1, 784)) "
                  f"x {args.rounds} rounds, A and B in turn on every query (order swapped every round); answers "

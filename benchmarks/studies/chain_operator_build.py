@@ -9,7 +9,7 @@ supports): folding the dense V (what every build did before; forced here with
 large V), and the norms given by the caller (what the distributed workers get
 with the factors). Repeats interleaved, medians, machine load recorded.
 
-    .venv/bin/python benchmarks/chain_operator_build.py
+    .venv/bin/python benchmarks/studies/chain_operator_build.py
 """
 
 import argparse
@@ -23,7 +23,8 @@ from pathlib import Path
 import numba
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+# A study: it lives in benchmarks/studies/ and imports the shared modules of benchmarks/ (the parent folder).
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import _bench_data as ts  # noqa: E402
 from _machine import cpu_name  # noqa: E402
 
@@ -51,7 +52,7 @@ def main(argv=None):
     ap.add_argument("--k", type=int, default=100)
     ap.add_argument("--features", type=int, default=173_762)
     ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results" / "chain_operator_build"))
+    ap.add_argument("--out", default=str(Path(__file__).resolve().parents[1] / "results" / "studies" / "chain_operator_build"))
     args = ap.parse_args(argv)
     factors = random_chain(args.k, args.features, dtype=np.float64, seed=0)
     norms = FactorChainOperator(factors, calibration=ChainCalibration(bit_identical=True)).norms
@@ -62,7 +63,7 @@ def main(argv=None):
         for mode in (MODES if rep % 2 == 0 else MODES[::-1]):
             seconds, held[mode] = build(factors, mode, norms)
             times[mode].append(seconds)
-    report = dict(command=(".venv/bin/python benchmarks/chain_operator_build.py " + shlex.join(sys.argv[1:])).strip(),
+    report = dict(command=(".venv/bin/python benchmarks/studies/chain_operator_build.py " + shlex.join(sys.argv[1:])).strip(),
                   cpu=cpu_name(), threads=numba.get_num_threads(),
                   load_before=load_before, load_after=os.getloadavg(), n_clusters=args.k,
                   n_features=args.features, n_factors=len(factors), nnz=int(sum(f.nnz for f in factors)),

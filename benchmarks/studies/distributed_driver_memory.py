@@ -15,8 +15,8 @@ live blocks of at least ``K x D x 8 / 8`` bytes with the line that made them.
 
 Usage::
 
-    .venv/bin/python benchmarks/distributed_driver_memory.py --rows 200000 --rows-per-shard 65536 \\
-        --out benchmarks/results/distributed_driver_memory
+    .venv/bin/python benchmarks/studies/distributed_driver_memory.py --rows 200000 --rows-per-shard 65536 \\
+        --out benchmarks/results/studies/distributed_driver_memory
 """
 
 import argparse
@@ -31,7 +31,8 @@ from pathlib import Path
 
 import numpy as np
 
-BENCH_DIR = Path(__file__).resolve().parent
+# A study: it lives in benchmarks/studies/ and imports the shared modules of benchmarks/ (the parent folder).
+BENCH_DIR = Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location("qkm_bench_distributed", BENCH_DIR / "distributed.py")
 B = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(B)  # sets sys.path so that `import distributed` finds dask's
@@ -167,7 +168,7 @@ def main():
     p.add_argument("--k", type=int, default=500)
     p.add_argument("--iters", type=int, default=2)
     p.add_argument("--algorithms", default="lloyd,elkan,qkmeans")
-    p.add_argument("--out", default=str(BENCH_DIR / "results" / "distributed_driver_memory"))
+    p.add_argument("--out", default=str(BENCH_DIR / "results" / "studies" / "distributed_driver_memory"))
     p.add_argument("--run", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.run:
@@ -178,7 +179,7 @@ def main():
     m = json.load(open(Path(directory) / "manifest.json"))
     import qkm
 
-    meta = {"command": " ".join([".venv/bin/python", "benchmarks/distributed_driver_memory.py"] + sys.argv[1:]),
+    meta = {"command": " ".join([".venv/bin/python", "benchmarks/studies/distributed_driver_memory.py"] + sys.argv[1:]),
             "shape": f"{m['n_rows']:,} x {m['n_features']:,} CSR, nnz {m['nnz']:,}, {len(m['shards'])} shards",
             "iters": args.iters, "qkm": qkm.__version__}
     results = []

@@ -5,7 +5,7 @@ copy itself), lowering the state, the per-round sampling and de-duplication, the
 counts, the candidates' Gram matrix, recluster's weighted k-means++ and its weighted Lloyd (with its iteration
 count). Timers wrap the module's functions, so the phases add up to the seeding time up to the wrappers' cost.
 
-Run: ``.venv/bin/python benchmarks/kmpar_phases.py --seeds 0 1 2`` (20 Newsgroups tf-idf, K = 500, l = 2K,
+Run: ``.venv/bin/python benchmarks/studies/kmpar_phases.py --seeds 0 1 2`` (20 Newsgroups tf-idf, K = 500, l = 2K,
 r = 5); ``--threads 2`` for two numba threads.
 """
 
@@ -33,7 +33,8 @@ from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+# A study: it lives in benchmarks/studies/ and imports the shared modules of benchmarks/ (the parent folder).
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import _bench_data as ts  # noqa: E402
 
 from qkm._data import KMeansData  # noqa: E402
@@ -92,8 +93,8 @@ def main():
     p.add_argument("--n-clusters", type=int, default=500)
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--threads", default="1")
-    p.add_argument("--data-dir", default=str(Path(__file__).resolve().parents[1] / ".." / "shared" / "data"))
-    p.add_argument("--cache-dir", default=str(Path(__file__).resolve().parent / ".cache"))
+    p.add_argument("--data-dir", default=str(Path(__file__).resolve().parents[2] / ".." / "shared" / "data"))
+    p.add_argument("--cache-dir", default=str(Path(__file__).resolve().parents[1] / ".cache"))
     p.add_argument("--json", default=None, help="write the per-seed phase times here")
     p.add_argument("--no-phases", action="store_true", help="total time only (no timers)")
     p.add_argument("--save-centers", default=None, help="save the seed-s centres as PREFIX_s.npy")

@@ -2,7 +2,7 @@
 
 Rerun (from the repository root)::
 
-    .venv/bin/python benchmarks/qkmeans_ami.py --out benchmarks/results/qkmeans_ami
+    .venv/bin/python benchmarks/studies/qkmeans_ami.py --out benchmarks/results/studies/qkmeans_ami
 
 The protocol of ``qkmeans_paper.py`` (K = 64, 20 Lloyd iterations, the same
 k-means++ seeds on the centred float32 data for every method, seeds 0, 1, 2):
@@ -26,7 +26,7 @@ Parts run side by side (``--seeds``, ``--variants``, ``--quick``: the
 K-means check in float32 only) are merged into one table with
 ``--render-from part1.json,part2.json --out ...``; the budget study::
 
-    .venv/bin/python benchmarks/qkmeans_ami.py --render-from <parts> --out benchmarks/results/qkmeans_ami_budgets
+    .venv/bin/python benchmarks/studies/qkmeans_ami.py --render-from <parts> --out benchmarks/results/studies/qkmeans_ami_budgets
 
 Objective ratios are over our K-means after 20 iterations from the same seeds.
 Threads are pinned to 1 before numpy is imported; the load is recorded.
@@ -40,10 +40,11 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+# A study: it lives in benchmarks/studies/ and imports the shared modules of benchmarks/ (the parent folder).
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from _paper_data import load_dataset  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 K = 64
 ITERATIONS = 20
 #: the reference's value count at s = 3 (its projection keeps the union of per-row and per-column budgets)
@@ -173,7 +174,7 @@ def main():
     env = dict(python=platform.python_version(), numpy=np.__version__, sklearn=sklearn.__version__,
                qkm=qkm.__version__, cpus=os.cpu_count(), threads=1, loadavg_before=load_before,
                loadavg_after=os.getloadavg())
-    command = ".venv/bin/python benchmarks/qkmeans_ami.py" + ("" if len(sys.argv) <= 1 else
+    command = ".venv/bin/python benchmarks/studies/qkmeans_ami.py" + ("" if len(sys.argv) <= 1 else
                                                              " " + shlex.join(sys.argv[1:]))
     text = render(kmeans_rows, qk_rows, env, command)
     print(text)
@@ -205,7 +206,7 @@ def render(kmeans_rows, qk_rows, env, command):
     envs, commands = (env, command) if isinstance(command, list) else ([env], [command])
 
     lines = ["# QK-means AMI on Fashion-MNIST (K = 64, s = 3, 20 iterations): K-means check and variants", "",
-             "Produced by `benchmarks/qkmeans_ami.py`; rerun with (parts run side by side, then merged with "
+             "Produced by `benchmarks/studies/qkmeans_ami.py`; rerun with (parts run side by side, then merged with "
              "`--render-from`):", ""] + ["    " + c for c in commands] + [""] + \
             [f"Environment{'' if len(envs) == 1 else f' (part {i + 1})'}: {e}." for i, e in enumerate(envs)] + ["",
              "## qkm.KMeans vs scikit-learn KMeans (lloyd) from the same seeds, 20 iterations", "",

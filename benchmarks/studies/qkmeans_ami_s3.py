@@ -2,8 +2,8 @@
 
 Rerun (from the repository root), parts side by side then merged::
 
-    .venv/bin/python benchmarks/qkmeans_ami_s3.py --mode protocol --seeds 0,1,2 --variants 0,1 --out <part>
-    .venv/bin/python benchmarks/qkmeans_ami_s3.py --render-from <part>.json,<part>.json --out <out>
+    .venv/bin/python benchmarks/studies/qkmeans_ami_s3.py --mode protocol --seeds 0,1,2 --variants 0,1 --out <part>
+    .venv/bin/python benchmarks/studies/qkmeans_ami_s3.py --render-from <part>.json,<part>.json --out <out>
 
 Two modes, both K = 64, sparsity level 3 unless a variant says otherwise:
 
@@ -31,10 +31,11 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+# A study: it lives in benchmarks/studies/ and imports the shared modules of benchmarks/ (the parent folder).
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from _paper_data import load_dataset  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 K = 64
 ITERATIONS = 20
 
@@ -241,7 +242,7 @@ def main():
 
     env = dict(python=platform.python_version(), numpy=np.__version__, qkm=qkm.__version__, cpus=os.cpu_count(),
                threads=1, loadavg_before=load_before, loadavg_after=os.getloadavg())
-    command = ".venv/bin/python benchmarks/qkmeans_ami_s3.py " + shlex.join(sys.argv[1:])
+    command = ".venv/bin/python benchmarks/studies/qkmeans_ami_s3.py " + shlex.join(sys.argv[1:])
     part = dict(env=env, command=command, rows=rows)
     _write(render([part]), part, args.out)
 
@@ -264,7 +265,7 @@ def render(parts):
 
     rows = [r for p in parts for r in p["rows"]]
     lines = ["# QK-means AMI at s = 3 on Fashion-MNIST (K = 64): seed noise and variants", "",
-             "Produced by `benchmarks/qkmeans_ami_s3.py` (parts run side by side, merged with `--render-from`):", ""]
+             "Produced by `benchmarks/studies/qkmeans_ami_s3.py` (parts run side by side, merged with `--render-from`):", ""]
     lines += ["    " + p["command"] for p in parts] + [""]
     lines += [f"Environment (part {i + 1}): {p['env']}." for i, p in enumerate(parts)] + [""]
     lines += ["Goal: AMI >= 0.484 (mean of the protocol seeds 0, 1, 2 and of the defaults seeds 0, 1, 2) with all 64 "

@@ -2,7 +2,7 @@
 
 Rerun (from the repository root; parts may run side by side and be merged with ``--render-from``)::
 
-    .venv/bin/python benchmarks/qkmeans_budget_split.py --out benchmarks/results/qkmeans_budget_split
+    .venv/bin/python benchmarks/studies/qkmeans_budget_split.py --out benchmarks/results/studies/qkmeans_budget_split
 
 Both splits keep ``sum s * max(rows, cols)`` values in the chain. ``"even"``
 gives every factor ``s * max(rows, cols)`` (the reference code's nominal
@@ -30,8 +30,8 @@ before numpy is imported, and the one-minute load is recorded with every fit.
 drawn at that K, 20 Lloyd iterations) on every data set of ``--cells``, with
 AMI and objective per K (does AMI against 10 classes rise as K falls?)::
 
-    .venv/bin/python benchmarks/qkmeans_budget_split.py --cells fashion-mnist:64:3,coil20:64:3 \\
-        --kmeans-ks 56,58,60,62,64 --out benchmarks/results/qkmeans_budget_split_kmeans_k
+    .venv/bin/python benchmarks/studies/qkmeans_budget_split.py --cells fashion-mnist:64:3,coil20:64:3 \\
+        --kmeans-ks 56,58,60,62,64 --out benchmarks/results/studies/qkmeans_budget_split_kmeans_k
 """
 
 import argparse
@@ -44,10 +44,11 @@ import time
 import warnings
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+# A study: it lives in benchmarks/studies/ and imports the shared modules of benchmarks/ (the parent folder).
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from _paper_data import load_dataset  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 ITERATIONS = 20
 CELLS = "fashion-mnist:64:3,fashion-mnist:64:5,coil20:64:3,coil20:64:5,kddcup99:256:3"
 
@@ -65,7 +66,7 @@ def main():
     args = p.parse_args()
     if args.render_from:
         parts = [json.loads(Path(f).read_text()) for f in args.render_from.split(",")]
-        merge = ".venv/bin/python benchmarks/qkmeans_budget_split.py " + shlex.join(sys.argv[1:])
+        merge = ".venv/bin/python benchmarks/studies/qkmeans_budget_split.py " + shlex.join(sys.argv[1:])
         return write(args.out, [r for part in parts for r in part["rows"]], [e for part in parts for e in part["env"]],
                      [c for part in parts for c in part["command"]] + [merge])
     for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS"):
@@ -114,7 +115,7 @@ def main():
 
 
 def _command():
-    return ".venv/bin/python benchmarks/qkmeans_budget_split.py" + (
+    return ".venv/bin/python benchmarks/studies/qkmeans_budget_split.py" + (
         "" if len(sys.argv) <= 1 else " " + shlex.join(sys.argv[1:]))
 
 
@@ -144,7 +145,7 @@ def kmeans_by_k(args, load_before):
     env = dict(python=platform.python_version(), numpy=np.__version__, qkm=qkm.__version__, cpus=os.cpu_count(),
                threads=1, loadavg_before=load_before, loadavg_after=os.getloadavg())
     lines = ["# K-means AMI and objective against K (the protocol of `qkmeans_budget_split.py`)", "",
-             "Produced by `benchmarks/qkmeans_budget_split.py`; rerun with:", "", "    " + _command(), "",
+             "Produced by `benchmarks/studies/qkmeans_budget_split.py`; rerun with:", "", "    " + _command(), "",
              f"Environment: {env}.", "",
              "`qkm.KMeans(K, init=seeds, max_iter=20, tol=0)` from scikit-learn's `kmeans_plusplus` seeds drawn at "
              "each K on the centred float32 data (plus the mean); `objective` is the inertia after 20 iterations, "
@@ -172,7 +173,7 @@ def write(out, rows, envs, commands):
     import numpy as np
 
     lines = ["# QK-means budget split: `budget_split=\"wide\"` vs `\"even\"` (same values, same seeds)", "",
-             "Produced by `benchmarks/qkmeans_budget_split.py`; rerun with:", ""]
+             "Produced by `benchmarks/studies/qkmeans_budget_split.py`; rerun with:", ""]
     lines += ["    " + c for c in commands] + [""]
     lines += [f"Environment{'' if len(envs) == 1 else f' (part {i + 1})'}: {e}." for i, e in enumerate(envs)]
     lines += ["", "20 Lloyd iterations from the same k-means++ seeds; `ratio` is the objective over K-means' after 20 "

@@ -18,7 +18,7 @@ the same local optimum (final costs equal to 1e-9 relative).
 
 Rerun (from the repository root)::
 
-    .venv/bin/python benchmarks/seeding_paired.py --seeds 40 --threads 2 --out benchmarks/results/seeding_d2_fmnist
+    .venv/bin/python benchmarks/studies/seeding_paired.py --seeds 40 --threads 2 --out benchmarks/results/studies/seeding_d2_fmnist
 
 Methods are ``seeding.py``'s names (``k-means++`` is plain k-means++,
 ``greedy k-means++`` has ``2 + floor(log2 K)`` candidates per step,
@@ -30,7 +30,8 @@ import os
 import sys
 
 if __name__ == "__main__":
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    # A study: it lives in benchmarks/studies/ and imports the shared modules of benchmarks/ (the parent folder).
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     from _machine import pin_threads
 
     pin_threads(sys.argv)  # before numpy is imported
@@ -42,7 +43,7 @@ from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/ (see above)
 import seeding as sb  # noqa: E402
 import _bench_data as ts  # noqa: E402
 from _machine import cpu_name  # noqa: E402
@@ -203,7 +204,7 @@ def main():
         progress.unlink()
     done = {(r["method"], r["seed"]) for r in rows}
     argv = [a for i, a in enumerate(sys.argv[1:]) if a != "--note" and sys.argv[i] != "--note"]
-    meta = {"command": " ".join([".venv/bin/python", "benchmarks/seeding_paired.py"] + argv),
+    meta = {"command": " ".join([".venv/bin/python", "benchmarks/studies/seeding_paired.py"] + argv),
             "machine": f"{cpu_name()}, {os.cpu_count()} logical cores", "threads": args.threads,
             "dataset": args.dataset, "K": K, "max_iter": args.max_iter, "tol": args.tol,
             "algorithm": args.algorithm, "python": platform.python_version()}

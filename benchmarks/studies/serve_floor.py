@@ -1,4 +1,4 @@
-"""``floor_app``: the least an HTTP service can do for one JSON row of ``/search`` (served as ``serve_load:floor_app``).
+"""``floor_app``: the least an HTTP service can do for one JSON row of ``/search`` (served by uvicorn as ``serve_floor:floor_app``).
 
 Used by ``serve_search_overhead.py`` (a server beside ``qkm serve`` and the bare app) and
 ``_asgi_in_process.py`` (in-process, the same rounds): the floor under ``qkm serve``'s one-row ``/search``.

@@ -3,7 +3,7 @@
 Does skipping the JSON parse bring ``qkm serve``'s one-row ``/search`` under 2 ms at p99 with 8 requests in
 flight? Rerun (from the repository root, with ``ann.py``'s cached model, or it is trained first)::
 
-    .venv/bin/python benchmarks/serve_search_octet.py --rounds 3 --out benchmarks/results/serve_search_octet
+    .venv/bin/python benchmarks/studies/serve_search_octet.py --rounds 3 --out benchmarks/results/studies/serve_search_octet
 
 ``qkm serve MODEL`` (1 worker, pinned to CPU 0) answers the closed loop of ``serve_load.py`` (pinned to CPU 1,
 HTTP/1.1 keep-alive, 8 connections) with 256 Fashion-MNIST test rows in turn, as ``{"instances": [[...]]}``
@@ -24,7 +24,8 @@ from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
+# A study: it lives in benchmarks/studies/ and imports the shared modules of benchmarks/ (the parent folder).
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 import serve_load as sl  # noqa: E402
@@ -99,7 +100,7 @@ def main():
         os.sched_setaffinity(0, set(range(os.cpu_count())))
     med = {b: {k: statistics.median(r[k] for r in rows if r["body"] == b)
                for k in ("requests_per_s", "p50_ms", "p99_ms", "server_cpu_ms")} for b in ("json", "octet")}
-    command = ".venv/bin/python benchmarks/serve_search_octet.py " + " ".join(sys.argv[1:])
+    command = ".venv/bin/python benchmarks/studies/serve_search_octet.py " + " ".join(sys.argv[1:])
     lines = ["# One-row `/search` at concurrency 8: JSON body against raw float32", "",
              f"Command: `{command}`  ", f"Server: `{sl._shown(cmd)}` (exit status {exit_code}), pinned to CPU 0; "
              "load generator (`serve_load.py`'s closed loop, 8 connections) on CPU 1.", "",

@@ -5,8 +5,8 @@ repository root; the reference is another checkout with its own venv, here main 
 
     mkdir -p benchmarks/.cache/ref-d95a66f && git archive d95a66f | tar -x -C benchmarks/.cache/ref-d95a66f
     make -C benchmarks/.cache/ref-d95a66f .venv/.installed
-    .venv/bin/python benchmarks/serve_search_overhead.py --ref-python benchmarks/.cache/ref-d95a66f/.venv/bin/python \\
-        --in-process 2000 --out benchmarks/results/serve_search_overhead2   # about 11 minutes (+ the model once)
+    .venv/bin/python benchmarks/studies/serve_search_overhead.py --ref-python benchmarks/.cache/ref-d95a66f/.venv/bin/python \\
+        --in-process 2000 --out benchmarks/results/studies/serve_search_overhead2   # about 11 minutes (+ the model once)
 
 What it does:
 
@@ -15,7 +15,7 @@ What it does:
    ``qkm.ClusterIndex(model, random_state=0)`` of them (default ``nprobe="auto"``).
 2. In each of ``--rounds`` rounds, in alternating order, starts ``qkm serve MODEL --no-access-log`` of this
    checkout (``new``), of the reference (``ref``, ``--ref-python``: its ``python -m qkm.cli``), the floor app
-   of ``serve_load.py`` (``floor``: ``floor_app``, parse + ``index.query`` + encode, nothing else; ``/search``
+   of ``serve_floor.py`` (``floor``: ``floor_app``, parse + ``index.query`` + encode, nothing else; ``/search``
    only) and its bare ASGI app (``baseline``: uvicorn alone), each pinned to CPU 0 with the generator on
    CPU 1, and runs the closed loops of ``serve_load.py``: one JSON row per request (256 Fashion-MNIST test
    rows in turn), ``/search`` and ``/assign``, at concurrency 1 and 8, ``--warmup`` s unrecorded then
@@ -40,10 +40,12 @@ from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
+# A study: it lives in benchmarks/studies/ and imports the shared modules of benchmarks/ (the parent folder).
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 import serve_load as sl  # noqa: E402
+from serve_floor import FLOOR_MODEL_ENV  # noqa: E402  (beside this file)
 
 GOAL_P99_MS = 2.0
 ENDPOINTS = ("/search", "/assign")
@@ -72,8 +74,10 @@ def ensure_model(cache_dir, data_dir):
 def start(kind, python, model, port, log_path):
     """(process, command) of one server, pinned to CPU 0, ready."""
     if kind in ("baseline", "floor"):
-        return sl.start_baseline(port, {0}, log_path, **({"app": "floor_app", "model": model} if kind == "floor"
-                                                          else {}))
+        if kind == "baseline":
+            return sl.start_baseline(port, {0}, log_path)
+        return sl.start_baseline(port, {0}, log_path, app="serve_floor:floor_app", app_dir=Path(__file__).resolve().parent,
+                                 env={FLOOR_MODEL_ENV: str(model)})
     cmd = [python, "-m", "qkm.cli", "serve", str(model), "--port", str(port), "--no-access-log", "--workers", "1"]
     import subprocess
 
@@ -182,7 +186,7 @@ def run_in_process(args, model_path, servers):
     out = {name: {"load": []} for name, _ in pythons}
     for name, python in pythons + pythons[::-1]:
         load = round(os.getloadavg()[0], 2)
-        cmd = [python, str(REPO / "benchmarks" / "_asgi_in_process.py"), str(model_path), str(args.in_process),
+        cmd = [python, str(Path(__file__).resolve().with_name("_asgi_in_process.py")), str(model_path), str(args.in_process),
                str(args.rounds), args.data_dir]
         res = subprocess.run(cmd, capture_output=True, text=True, check=True,
                              preexec_fn=lambda: os.sched_setaffinity(0, {0}))
@@ -213,7 +217,7 @@ def report(args, commands, model, summary, rows, load_at_start, in_process=None)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out + ".json").write_text(json.dumps(payload, indent=1, default=str) + "\n")
     lines = ["# One-row `/search` and `/assign`: server CPU and latency, this checkout (`new`) against a reference "
-             "(`ref`)", "", "Produced by `benchmarks/serve_search_overhead.py`; rerun with:", "",
+             "(`ref`)", "", "Produced by `benchmarks/studies/serve_search_overhead.py`; rerun with:", "",
              f"    .venv/bin/python {sl._shown(sys.argv)}", "",
              "Model: QK-means K = 64, s = 3 on Fashion-MNIST (60,000 x 784, float32) with its "
              f"`ClusterIndex` ({info.get('n_lists')} lists, nprobe {info.get('nprobe')}). Each server: 1 worker "
@@ -221,7 +225,7 @@ def report(args, commands, model, summary, rows, load_at_start, in_process=None)
              f"servers started one after the other, in alternating order, {args.rounds} rounds; "
              f"{args.warmup:g} s unrecorded then {args.duration:g} s recorded per level; medians over rounds. "
              "`baseline`: the bare ASGI app of `serve_load.py` on the same uvicorn (reads the body, answers `{}`); "
-             "`floor`: its `floor_app`, the least an HTTP service can do for one JSON row of `/search` (reads the "
+             "`floor`: `serve_floor.py`'s `floor_app`, the least an HTTP service can do for one JSON row of `/search` (reads the "
              "body, `orjson.loads`, `np.asarray`, `index.query`, `orjson.dumps`; no validation, no metrics). "
              f"Commands: {json.dumps(commands)}. Environment: {json.dumps(env)}.", "",
              "| server | endpoint | concurrency | requests/s | p50 ms | p99 ms | server CPU ms/request | "
@@ -234,7 +238,7 @@ def report(args, commands, model, summary, rows, load_at_start, in_process=None)
         lines += ["", f"In-process (`_asgi_in_process.py`: the ASGI app called directly, no sockets, pinned to CPU 0; "
                       f"{args.in_process} requests per endpoint and round, {args.rounds} rounds in each of two runs "
                       f"per checkout, order {', '.join([*in_process, *list(in_process)[::-1]])}; `floor /search`: "
-                      "`serve_load.floor_app` on the same bodies in the same rounds): server CPU per one-JSON-row "
+                      "`serve_floor.floor_app` on the same bodies in the same rounds): server CPU per one-JSON-row "
                       "request, median (range).",
                   "", "| endpoint | " + " | ".join(f"{name} us/request" for name in in_process) + " | load (1 min) |",
                   "|---|" + "---|" * (len(in_process) + 1)]
