@@ -436,6 +436,9 @@ def report(args, cmd, baseline_cmd, model, results, status):
     if not args.out:
         return
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    from _machine import stamp, stamp_md
+
+    payload = stamp(payload)
     Path(args.out + ".json").write_text(json.dumps(payload, indent=1, default=str) + "\n")
     lines = [
         "# `qkm serve` under load on loopback",
@@ -472,7 +475,7 @@ def report(args, cmd, baseline_cmd, model, results, status):
               f"after SIGTERM: {exit_code}. With one worker, `/metrics` counted "
               "exactly the 200 answers the generator received at every level: "
               f"{all(r['metrics_2xx_match_client'] for r in results if r['metrics_2xx_match_client'] is not None)}."]
-    Path(args.out + ".md").write_text("\n".join(lines) + "\n")
+    Path(args.out + ".md").write_text(stamp_md("\n".join(lines) + "\n", payload))
 
 
 if __name__ == "__main__":

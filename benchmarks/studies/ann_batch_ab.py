@@ -132,6 +132,9 @@ def main():
                   single=single, single_n=len(singles), single_load=single_load,
                   index_bytes={a_name: old.nbytes(), b_name: new.nbytes()})
     if args.out:
+        from _machine import stamp, stamp_md
+
+        result = stamp(result)
         Path(args.out + ".json").write_text(json.dumps(result, indent=1) + "\n")
         lines = [f"# ClusterIndex batch path A/B: {args.ref} against this branch", "",
                  "Produced by `benchmarks/studies/ann_batch_ab.py`; rerun with:", "",
@@ -155,7 +158,7 @@ def main():
             lines.append(f"| {s} | {v['p50_us']:.0f} | {v['p90_us']:.0f} | {v['p99_us']:.0f} |")
         lines += ["", "Index memory (bytes): " + "; ".join(f"{s}: {json.dumps(v)}"
                                                            for s, v in result["index_bytes"].items())]
-        Path(args.out + ".md").write_text("\n".join(lines) + "\n")
+        Path(args.out + ".md").write_text(stamp_md("\n".join(lines) + "\n", result))
 
 
 if __name__ == "__main__":

@@ -93,6 +93,9 @@ def main():
                   load_before=[round(v, 2) for v in load_before], load_after=[round(v, 2) for v in os.getloadavg()],
                   rows=rows, single=single)
     if args.out:
+        from _machine import stamp, stamp_md
+
+        result = stamp(result)
         Path(args.out + ".json").write_text(json.dumps(result, indent=1) + "\n")
         lines = ["# ClusterIndex batch paths (per query, grouped, pre-filtered) and one-query latency", "",
                  "Produced by `benchmarks/studies/ann_batch_paths.py`; rerun with:", "",
@@ -111,7 +114,7 @@ def main():
                   f"{single['path']}): {single['n']:,} test images x {single['rounds']} rounds, median "
                   f"{single['p50_us']:.0f} us, p90 {single['p90_us']:.0f} us, p99 {single['p99_us']:.0f} us; load "
                   f"after {single['load']}."]
-        Path(args.out + ".md").write_text("\n".join(lines) + "\n")
+        Path(args.out + ".md").write_text(stamp_md("\n".join(lines) + "\n", result))
 
 
 if __name__ == "__main__":

@@ -89,6 +89,9 @@ def main():
                   nprobe=int(nprobe), n_coords=int(lists.n_coords), n_queries=sum(len(b) for b in batches),
                   rounds=args.rounds, rows=rows)
     if args.out:
+        from _machine import stamp, stamp_md
+
+        result = stamp(result)
         Path(args.out + ".json").write_text(json.dumps(result, indent=1) + "\n")
         lines = ["# ClusterIndex pre-filtered batch path, phase by phase", "",
                  "Produced by `benchmarks/studies/ann_batch_profile.py`; rerun with:", "",
@@ -102,7 +105,7 @@ def main():
             u = r["us_per_query"]
             lines.append(f"| {r['k']} | {u['choose']} | {u['plan']} | {u['bounds']} | {u['rerank']} | "
                          f"{u['search']} | {r['slots_per_query']} | {r['load']} |")
-        Path(args.out + ".md").write_text("\n".join(lines) + "\n")
+        Path(args.out + ".md").write_text(stamp_md("\n".join(lines) + "\n", result))
 
 
 if __name__ == "__main__":

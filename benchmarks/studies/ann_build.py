@@ -168,8 +168,11 @@ def main():
                    model=MODEL, model_fit_s=fit_s, model_fit_load=fit_load, baseline=args.baseline,
                    machine=dict(platform=platform.platform(), cpus=os.cpu_count()), runs=runs, summary=summary)
     if args.out:
+        from _machine import stamp, stamp_md
+
+        payload = stamp(payload)
         Path(args.out + ".json").write_text(json.dumps(payload, indent=1))
-        Path(args.out + ".md").write_text(render(payload))
+        Path(args.out + ".md").write_text(stamp_md(render(payload), payload))
     print(render(payload))
 
 

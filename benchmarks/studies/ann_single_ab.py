@@ -111,6 +111,9 @@ def main():
                   nprobe=int(new.nprobe_), single=len(singles), rounds=args.rounds, load_before=load_before,
                   results={str(k): v for k, v in out.items()})
     if args.out:
+        from _machine import stamp, stamp_md
+
+        result = stamp(result)
         Path(args.out + ".json").write_text(json.dumps(result, indent=1) + "\n")
         lines = [f"# ClusterIndex one query at a time: {args.ref} against this branch", "",
                  "Produced by `benchmarks/studies/ann_single_ab.py`; rerun with:", "",
@@ -130,7 +133,7 @@ def main():
                 lines.append(f"| {k} | {s} | {w['p50_us']:.1f} | {w['p90_us']:.1f} | {w['p99_us']:.1f} | "
                              f"{', '.join(f'{x:.0f}' for x in w['round_p50_us'])} | {w['cpu_p50_us']:.1f} | "
                              f"{v['ratio_p50']:.3f}, {v['cpu_ratio_p50']:.3f} | {v['loads'][-1]} |")
-        Path(args.out + ".md").write_text("\n".join(lines) + "\n")
+        Path(args.out + ".md").write_text(stamp_md("\n".join(lines) + "\n", result))
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ import numpy as np
 # A study: it lives in benchmarks/studies/ and imports the shared modules of benchmarks/ (the parent folder).
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import _bench_data as ts  # noqa: E402
-from _machine import cpu_name  # noqa: E402
+from _machine import cpu_name, stamp, stamp_md  # noqa: E402
 
 from qkm import _config  # noqa: E402
 from qkm.operator._chain import FactorChainOperator  # noqa: E402
@@ -77,8 +77,8 @@ def main(argv=None):
     lines += [f"| {m} | {report['median_s'][m]:.3f} | {held[m]} |" for m in MODES]
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    ts.write_text_atomic(out.with_suffix(".json"), json.dumps(report, indent=1))
-    ts.write_text_atomic(out.with_suffix(".md"), "\n".join(lines) + "\n")
+    ts.write_text_atomic(out.with_suffix(".json"), json.dumps(stamp(report), indent=1))
+    ts.write_text_atomic(out.with_suffix(".md"), stamp_md("\n".join(lines) + "\n"))
     print("\n".join(lines))
 
 

@@ -193,8 +193,8 @@ def main():
             print(proc.stdout[-2000:], proc.stderr[-4000:], flush=True)
             raise SystemExit(f"{algorithm} failed")
         results.append(json.loads(line[-1][7:]))
-        B.TS.write_text_atomic(args.out + ".json", json.dumps({"meta": meta, "results": results}, indent=1))
-        B.TS.write_text_atomic(args.out + ".md", summarise(results, meta))
+        B.TS.write_text_atomic(args.out + ".json", json.dumps(B.stamp({"meta": meta, "results": results}), indent=1))
+        B.TS.write_text_atomic(args.out + ".md", B.stamp_md(summarise(results, meta)))
     print(summarise(results, meta))
 
 

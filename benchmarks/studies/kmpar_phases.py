@@ -127,7 +127,9 @@ def main():
         c = int(np.median([r["calls"].get(k, 0) for r in rows]))
         print(f"  {k:28s} {t:7.3f} s  {100 * t / med_total:5.1f} %  calls {c}")
     if args.json:
-        Path(args.json).write_text(json.dumps(dict(command=" ".join(sys.argv), rows=rows), indent=1))
+        from _machine import stamp
+
+        Path(args.json).write_text(json.dumps(stamp(dict(command=" ".join(sys.argv), rows=rows)), indent=1))
 
 
 if __name__ == "__main__":

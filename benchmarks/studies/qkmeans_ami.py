@@ -179,8 +179,11 @@ def main():
     text = render(kmeans_rows, qk_rows, env, command)
     print(text)
     if args.out:
-        Path(args.out + ".json").write_text(json.dumps(dict(env=env, command=command, kmeans=kmeans_rows,
-                                                            qkmeans=qk_rows), indent=1))
+        from _machine import stamp, stamp_md
+
+        text = stamp_md(text)
+        Path(args.out + ".json").write_text(json.dumps(stamp(dict(env=env, command=command, kmeans=kmeans_rows,
+                                                                  qkmeans=qk_rows)), indent=1))
         Path(args.out + ".md").write_text(text)
 
 
@@ -196,8 +199,11 @@ def merge(paths, out):
     text = render(kmeans_rows, qk_rows, [p["env"] for p in parts], [p["command"] for p in parts])
     print(text)
     if out:
-        Path(out + ".json").write_text(json.dumps(dict(parts=parts), indent=1))
-        Path(out + ".md").write_text(text)
+        from _machine import stamp, stamp_md
+
+        payload = stamp(dict(parts=parts), parts=parts)  # the merge records its parts' commits and machines
+        Path(out + ".json").write_text(json.dumps(payload, indent=1))
+        Path(out + ".md").write_text(stamp_md(text, payload))
 
 
 def render(kmeans_rows, qk_rows, env, command):

@@ -250,8 +250,11 @@ def main():
 def _write(text, payload, out):
     print(text)
     if out:
+        from _machine import stamp, stamp_md
+
+        payload = stamp(payload, parts=payload.get("parts"))  # a merge records its parts' commits and machines
         Path(out + ".json").write_text(json.dumps(payload, indent=1))
-        Path(out + ".md").write_text(text)
+        Path(out + ".md").write_text(stamp_md(text, payload))
 
 
 def _perturbation(name):

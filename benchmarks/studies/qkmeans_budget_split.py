@@ -68,7 +68,7 @@ def main():
         parts = [json.loads(Path(f).read_text()) for f in args.render_from.split(",")]
         merge = ".venv/bin/python benchmarks/studies/qkmeans_budget_split.py " + shlex.join(sys.argv[1:])
         return write(args.out, [r for part in parts for r in part["rows"]], [e for part in parts for e in part["env"]],
-                     [c for part in parts for c in part["command"]] + [merge])
+                     [c for part in parts for c in part["command"]] + [merge], parts=parts)
     for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS"):
         os.environ[var] = "1"
     import numpy as np
@@ -165,11 +165,13 @@ def kmeans_by_k(args, load_before):
     text = "\n".join(lines) + "\n"
     print(text)
     if args.out:
-        Path(args.out + ".json").write_text(json.dumps(dict(env=[env], command=[_command()], rows=rows), indent=1))
-        Path(args.out + ".md").write_text(text)
+        from _machine import stamp, stamp_md
+
+        Path(args.out + ".json").write_text(json.dumps(stamp(dict(env=[env], command=[_command()], rows=rows)), indent=1))
+        Path(args.out + ".md").write_text(stamp_md(text))
 
 
-def write(out, rows, envs, commands):
+def write(out, rows, envs, commands, parts=None):
     import numpy as np
 
     lines = ["# QK-means budget split: `budget_split=\"wide\"` vs `\"even\"` (same values, same seeds)", "",
@@ -193,8 +195,11 @@ def write(out, rows, envs, commands):
     text = "\n".join(lines) + "\n"
     print(text)
     if out:
-        Path(out + ".json").write_text(json.dumps(dict(env=envs, command=commands, rows=rows), indent=1))
-        Path(out + ".md").write_text(text)
+        from _machine import stamp, stamp_md
+
+        payload = stamp(dict(env=envs, command=commands, rows=rows), parts=parts)  # a merge records its parts'
+        Path(out + ".json").write_text(json.dumps(payload, indent=1))
+        Path(out + ".md").write_text(stamp_md(text, payload))
 
 
 if __name__ == "__main__":

@@ -46,7 +46,7 @@ import numpy as np  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/ (see above)
 import seeding as sb  # noqa: E402
 import _bench_data as ts  # noqa: E402
-from _machine import cpu_name  # noqa: E402
+from _machine import cpu_name, stamp, stamp_md  # noqa: E402
 
 DEFAULT_METHODS = "d2-seeding N=10k,k-means++,greedy k-means++"
 SAME = 1e-9  # relative difference of final costs below which two runs reached the same local optimum
@@ -163,8 +163,8 @@ def report(out, meta, rows):
         lines.append(f"- {sb._cell(m)}: " + ", ".join(f"{c:.7g}: {n}" for c, n in summary[m]["optima"]))
     lines.append("")
     text = "\n".join(lines)
-    ts.write_text_atomic(out + ".md", text)
-    ts.write_text_atomic(out + ".json", json.dumps({**meta, "summary": summary, "pairs": pairs, "rows": rows},
+    ts.write_text_atomic(out + ".md", stamp_md(text))
+    ts.write_text_atomic(out + ".json", json.dumps(stamp({**meta, "summary": summary, "pairs": pairs, "rows": rows}),
                                                    indent=1, default=float) + "\n")
     return text
 

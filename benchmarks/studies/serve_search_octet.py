@@ -118,9 +118,11 @@ def main():
     if args.out:
         import _bench_data as ts
 
-        ts.write_text_atomic(args.out + ".json", json.dumps({"command": command, "rows": rows, "medians": med},
+        from _machine import stamp, stamp_md
+
+        ts.write_text_atomic(args.out + ".json", json.dumps(stamp({"command": command, "rows": rows, "medians": med}),
                                                             indent=1) + "\n")
-        ts.write_text_atomic(args.out + ".md", text)
+        ts.write_text_atomic(args.out + ".md", stamp_md(text))
 
 
 if __name__ == "__main__":

@@ -215,6 +215,9 @@ def report(args, commands, model, summary, rows, load_at_start, in_process=None)
                "index": {"n_lists": info.get("n_lists"), "nprobe": info.get("nprobe")},
                "summary": summary, "rows": rows, "goal": goal, "in_process_us_per_request": in_process}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    from _machine import stamp, stamp_md
+
+    payload = stamp(payload)
     Path(args.out + ".json").write_text(json.dumps(payload, indent=1, default=str) + "\n")
     lines = ["# One-row `/search` and `/assign`: server CPU and latency, this checkout (`new`) against a reference "
              "(`ref`)", "", "Produced by `benchmarks/studies/serve_search_overhead.py`; rerun with:", "",
@@ -260,7 +263,7 @@ def report(args, commands, model, summary, rows, load_at_start, in_process=None)
         lines.append(f"The floor app's p99 at concurrency 8: {floor8['p99_ms']:.2f} ms ("
                      f"{'above' if floor8['p99_ms'] > GOAL_P99_MS else 'within'} the goal on this machine, "
                      "at this load).")
-    Path(args.out + ".md").write_text("\n".join(lines) + "\n")
+    Path(args.out + ".md").write_text(stamp_md("\n".join(lines) + "\n", payload))
 
 
 if __name__ == "__main__":
