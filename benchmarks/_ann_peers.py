@@ -152,7 +152,7 @@ def sparse_exact(X, rows):
 
 
 def add_batch_study_args(p, repo):
-    """The options shared by the batch-path studies (``ann_batch_paths.py``, ``ann_batch_ab.py``)."""
+    """The options shared by the batch-path studies (``studies/ann_batch_paths.py``, ``studies/ann_batch_ab.py``)."""
     p.add_argument("--queries", type=int, default=3000)
     p.add_argument("--single", type=int, default=1000, help="queries timed one at a time")
     p.add_argument("--data-dir", default=str(repo.parent / "shared" / "data"))

@@ -11,6 +11,7 @@ from importlib import metadata
 from pathlib import Path
 
 from _bench_data import load_average, write_text_atomic
+from _machine import stamp, stamp_md
 from _train_sparse_methods import REFERENCE_METHOD, method_family
 
 # --------------------------------------------------------------------------- reporting
@@ -112,7 +113,7 @@ def machine_info():
 
 def write_results(out, meta, sections, all_rows):
     rows = [{k: v for k, v in r.items() if k != "labels_path"} for r in all_rows]
-    payload = dict(meta, rows=rows, summaries=[s["summary"] for s in sections])
+    payload = stamp(dict(meta, rows=rows, summaries=[s["summary"] for s in sections]))
     write_text_atomic(str(out) + ".json", json.dumps(payload, indent=1, default=str) + "\n")
     v = meta["machine"]["versions"]
     md = [f"# train_sparse benchmark ({meta['date']})", "",
@@ -121,4 +122,4 @@ def write_results(out, meta, sections, all_rows):
           f"{fmt(meta['machine']['loadavg_1min_at_start'], '.2f')} (per-run values in the JSON).",
           "Versions: " + ", ".join(f"{k} {v[k]}" for k in v if v[k]), "",
           "Rerun:", "", "```", meta["rerun"], "```", "", *[s["table"] for s in sections], NOTES, ""]
-    write_text_atomic(str(out) + ".md", "\n".join(md))
+    write_text_atomic(str(out) + ".md", stamp_md("\n".join(md), payload))

@@ -388,8 +388,11 @@ def main():
         payload = json.loads(Path(args.render_from).read_text())
         fm = next((r for r in payload["results"] if r["dataset"] == "fashion-mnist"), None)
         payload["goals"] = goals(fm) if fm else []
+        from _machine import stamp, stamp_md
+
+        payload = stamp(payload)  # keeps the commit and machine the JSON recorded, if it did
         Path(args.render_from).write_text(json.dumps(payload, indent=1, default=str) + "\n")
-        Path(args.render_from[:-len(".json")] + ".md").write_text(render(payload))
+        Path(args.render_from[:-len(".json")] + ".md").write_text(stamp_md(render(payload), payload))
         return
     for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS"):
         os.environ[var] = str(args.threads)
@@ -419,8 +422,11 @@ def main():
         print(f"{'MET   ' if g['met'] else 'MISSED'} {g['goal']}: {g['measured']}")
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        from _machine import stamp, stamp_md
+
+        payload = stamp(payload)
         Path(args.out + ".json").write_text(json.dumps(payload, indent=1, default=str) + "\n")
-        Path(args.out + ".md").write_text(render(payload))
+        Path(args.out + ".md").write_text(stamp_md(render(payload), payload))
 
 
 def render(payload):

@@ -61,7 +61,7 @@ import scipy.sparse as sp
 BENCH_DIR = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH_DIR))
 import _bench_data as TS  # noqa: E402  (the 20 Newsgroups vectoriser and cache)
-from _machine import cpu_name  # noqa: E402
+from _machine import cpu_name, stamp, stamp_md  # noqa: E402
 
 # this file is named like the dask package: keep its folder off the path so `import distributed` finds dask's
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != BENCH_DIR]
@@ -450,8 +450,8 @@ def write(args, results, shapes):
             "rounds": args.rounds, "interleave": args.interleave, "shapes": shapes}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     text = summarise(results, meta)
-    TS.write_text_atomic(args.out + ".json", json.dumps({"meta": meta, "results": results}, indent=1))
-    TS.write_text_atomic(args.out + ".md", text)
+    TS.write_text_atomic(args.out + ".json", json.dumps(stamp({"meta": meta, "results": results}), indent=1))
+    TS.write_text_atomic(args.out + ".md", stamp_md(text))
     return text
 
 

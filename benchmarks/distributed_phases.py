@@ -398,8 +398,8 @@ def main():
 def save(args, meta, results):
     text = summarise(results, meta)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    DB.TS.write_text_atomic(args.out + ".json", json.dumps({"meta": meta, "results": results}, indent=1))
-    DB.TS.write_text_atomic(args.out + ".md", text)
+    DB.TS.write_text_atomic(args.out + ".json", json.dumps(DB.stamp({"meta": meta, "results": results}), indent=1))
+    DB.TS.write_text_atomic(args.out + ".md", DB.stamp_md(text))
     return text
 
 

@@ -106,9 +106,11 @@ def main():
     text = "\n".join(lines) + "\n"
     print(text)
     if args.out:
-        ts.write_text_atomic(args.out + ".md", text)
-        ts.write_text_atomic(args.out + ".json", json.dumps({"argv": sys.argv, "threads": args.threads,
-                                                             "rows": rows}, indent=1) + "\n")
+        from _machine import stamp, stamp_md
+
+        ts.write_text_atomic(args.out + ".md", stamp_md(text))
+        ts.write_text_atomic(args.out + ".json", json.dumps(stamp({"argv": sys.argv, "threads": args.threads,
+                                                                   "rows": rows}), indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ import argparse
 import os
 import sys
 
-from _machine import cpu_name
+from _machine import cpu_name, stamp, stamp_md
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -232,9 +232,9 @@ def main():
     print(text)
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out + ".json").write_text(json.dumps(dict(command=command, meta=meta, goals=goals,
-                                                            results=results), indent=1) + "\n")
-        Path(args.out + ".md").write_text(text)
+        Path(args.out + ".json").write_text(json.dumps(stamp(dict(command=command, meta=meta, goals=goals,
+                                                                  results=results)), indent=1) + "\n")
+        Path(args.out + ".md").write_text(stamp_md(text))
 
 
 def evaluate_goals(results):

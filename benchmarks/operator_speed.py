@@ -26,7 +26,7 @@ import argparse
 import os
 import sys
 
-from _machine import cpu_name
+from _machine import cpu_name, stamp, stamp_md
 
 
 GOALS = {  # (K, D) -> list of (batch sizes, minimum speedup of auto over dense)
@@ -144,9 +144,9 @@ def main():
                 command=" ".join(["python"] + sys.argv))
     if args.out:
         with open(args.out + ".json", "w") as fh:
-            json.dump(dict(meta=meta, cells=cells), fh, indent=1)
+            json.dump(stamp(dict(meta=meta, cells=cells)), fh, indent=1)
         with open(args.out + ".md", "w") as fh:
-            fh.write(_markdown(meta, cells, args))
+            fh.write(stamp_md(_markdown(meta, cells, args)))
         print(f"wrote {args.out}.json and {args.out}.md")
 
 

@@ -32,7 +32,7 @@ import argparse
 import os
 import sys
 
-from _machine import cpu_name
+from _machine import cpu_name, stamp, stamp_md
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
@@ -163,9 +163,9 @@ def main():
     if args.out:
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
         with open(args.out + ".md", "w") as f:
-            f.write(text)
+            f.write(stamp_md(text))
         with open(args.out + ".json", "w") as f:
-            json.dump({"info": info, "rows": rows}, f, indent=1)
+            json.dump(stamp({"info": info, "rows": rows}), f, indent=1)
             f.write("\n")
 
 

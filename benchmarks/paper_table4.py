@@ -130,7 +130,9 @@ def main():
                       data["command"], saved)
         print(text)
         if args.out:
-            Path(args.out + ".md").write_text(text)
+            from _machine import stamp_md
+
+            Path(args.out + ".md").write_text(stamp_md(text, data))  # the commit and machine the JSON recorded
         return
     for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS"):
         os.environ[var] = str(args.threads)
@@ -378,9 +380,11 @@ def main():
     print(text)
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out + ".json").write_text(json.dumps(dict(env=env, command=command, args=vars(args), summary=summary_rows,
-                                                            search=search_rows, seeds=seed_rows, goals=goals), indent=1, default=float))
-        Path(args.out + ".md").write_text(text)
+        from _machine import stamp, stamp_md
+
+        Path(args.out + ".json").write_text(json.dumps(stamp(dict(env=env, command=command, args=vars(args), summary=summary_rows,
+                                                                  search=search_rows, seeds=seed_rows, goals=goals)), indent=1, default=float))
+        Path(args.out + ".md").write_text(stamp_md(text))
 
 
 def _fmt(v, spec):

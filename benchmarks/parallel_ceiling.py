@@ -406,7 +406,8 @@ def main():
     args = p.parse_args()
     DB = _bench_module()
     if args.render:
-        meta = json.loads(Path(args.render).read_text())["meta"]
+        saved = json.loads(Path(args.render).read_text())
+        meta = dict(saved["meta"], **{k: saved[k] for k in ("commit", "machine") if k in saved})  # the run's, kept
         args.out = args.render[:-len(".json")]
         return print(save(args, meta, DB))
 
@@ -492,9 +493,9 @@ def save(args, meta, DB):
     table, refs = lloyd_table(meta["lloyd"]), reference_table(meta["references"])
     text = summarise(meta, refs)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    DB.TS.write_text_atomic(args.out + ".json", json.dumps({"meta": meta, "lloyd_table": table,
-                                                           "reference_table": refs}, indent=1))
-    DB.TS.write_text_atomic(args.out + ".md", text)
+    payload = DB.stamp({"meta": meta, "lloyd_table": table, "reference_table": refs}, parts=[meta] if args.render else None)
+    DB.TS.write_text_atomic(args.out + ".json", json.dumps(payload, indent=1))
+    DB.TS.write_text_atomic(args.out + ".md", DB.stamp_md(text, payload))
     return text
 
 

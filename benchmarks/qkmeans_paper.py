@@ -368,9 +368,13 @@ def main():
         text = render(data["rows"], data["defaults"], data["env"], data["command"])
         print(text)
         if args.out:
+            from _machine import stamp, stamp_md
+
+            parts = [json.loads(Path(part).read_text()) for part in args.render_from.split(",")]
+            data = stamp(data, parts=parts)  # the merge records its parts' commits and machines
             if "," in args.render_from:
                 Path(args.out + ".json").write_text(json.dumps(data, indent=1, default=float))
-            Path(args.out + ".md").write_text(text)
+            Path(args.out + ".md").write_text(stamp_md(text, data))
             plot(data["rows"], args.out + ".png")
         return
     for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS"):
@@ -407,9 +411,11 @@ def main():
     print(text)
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out + ".json").write_text(json.dumps(dict(env=env, command=command.strip(), rows=rows,
-                                                            defaults=defaults), indent=1, default=float))
-        Path(args.out + ".md").write_text(text)
+        from _machine import stamp, stamp_md
+
+        Path(args.out + ".json").write_text(json.dumps(stamp(dict(env=env, command=command.strip(), rows=rows,
+                                                                  defaults=defaults)), indent=1, default=float))
+        Path(args.out + ".md").write_text(stamp_md(text))
         plot(rows, args.out + ".png")
 
 

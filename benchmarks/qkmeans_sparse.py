@@ -48,7 +48,7 @@ BENCH_DIR = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH_DIR))
 
 import _bench_data as ts  # noqa: E402  (loaders, caches, common objective, memory window)
-from _machine import cpu_name  # noqa: E402
+from _machine import cpu_name, stamp, stamp_md  # noqa: E402
 
 DEFAULT_OUT = BENCH_DIR / "results" / "qkmeans_sparse"
 METHODS = ("elkan", "qkmeans")
@@ -215,8 +215,8 @@ def main(argv=None):
             report["load_after"] = os.getloadavg()
             out = Path(args.out)
             out.parent.mkdir(parents=True, exist_ok=True)
-            ts.write_text_atomic(out.with_suffix(".json"), json.dumps(report, indent=1))
-            ts.write_text_atomic(out.with_suffix(".md"), markdown(report))
+            ts.write_text_atomic(out.with_suffix(".json"), json.dumps(stamp(report), indent=1))
+            ts.write_text_atomic(out.with_suffix(".md"), stamp_md(markdown(report)))
 
 
 if __name__ == "__main__":

@@ -55,7 +55,7 @@ import scipy.sparse as sp  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _bench_data as ts  # noqa: E402
-from _machine import cpu_name  # noqa: E402
+from _machine import cpu_name, stamp, stamp_md  # noqa: E402
 
 DATASETS = {  # name: (loader key, K)
     "fashion-mnist-10": ("fashion-mnist", 10),
@@ -297,8 +297,8 @@ def write_reports(out, meta, rows, study):
             lines.append(f"| {_cell(text)} | {value:.3f} | {'yes' if met else '**no**'} |")
         lines.append("")
     text = "\n".join(lines)
-    ts.write_text_atomic(out + ".md", text)
-    ts.write_text_atomic(out + ".json", json.dumps({**meta, "summary": summary, "rows": rows}, indent=1,
+    ts.write_text_atomic(out + ".md", stamp_md(text))
+    ts.write_text_atomic(out + ".json", json.dumps(stamp({**meta, "summary": summary, "rows": rows}), indent=1,
                                                    default=float) + "\n")
     return text
 

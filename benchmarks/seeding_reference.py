@@ -227,8 +227,11 @@ def write_report(out, meta, rows, notes):
             lines.append(f"- {greedy} / {kmpar}: **{med[greedy] / med[kmpar]:.2f}**".replace("||", "\\|\\|"))
     if notes:
         lines += ["", "## Notes", ""] + [f"- {n}" for n in notes]
-    Path(out + ".md").write_text("\n".join(lines) + "\n")
-    Path(out + ".json").write_text(json.dumps(dict(meta=meta, rows=rows, notes=notes), indent=1) + "\n")
+    from _machine import stamp, stamp_md
+
+    payload = stamp(dict(meta=meta, rows=rows, notes=notes, **{k: meta[k] for k in ("commit", "machine") if k in meta}))
+    Path(out + ".md").write_text(stamp_md("\n".join(lines) + "\n", payload))
+    Path(out + ".json").write_text(json.dumps(payload, indent=1) + "\n")
     return "\n".join(lines)
 
 
@@ -249,7 +252,8 @@ def main():
     args = p.parse_args()
     if args.report_only:
         saved = json.loads(Path(args.out + ".json").read_text())
-        print(write_report(args.out, saved["meta"], saved["rows"], saved["notes"]))
+        meta = dict(saved["meta"], **{k: saved[k] for k in ("commit", "machine") if k in saved})  # the run's, kept
+        print(write_report(args.out, meta, saved["rows"], saved["notes"]))
         return
     import scipy
     import sklearn

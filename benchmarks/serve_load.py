@@ -62,8 +62,6 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 
 GOALS = {"p99_ms_json1_c8": 10.0, "rows_per_s_binary256": 50_000}
 
-from serve_floor import FLOOR_MODEL_ENV, floor_app, floor_load  # noqa: E402,F401  (uvicorn serve_load:floor_app)
-
 
 # -- model and data ------------------------------------------------------------------ #
 def load_fashion(data_dir, split):
@@ -122,18 +120,16 @@ def wait_ready(proc, url, path, log_path):
     raise RuntimeError(f"server not ready in time; see {log_path}")
 
 
-def start_baseline(port, cpus, log_path, app="baseline_app", model=None):
-    """The bare app (or ``app="floor_app"`` answering from ``model``) on uvicorn, pinned to ``cpus``, ready."""
-    cmd = [sys.executable, "-m", "uvicorn", f"serve_load:{app}", "--app-dir", str(REPO / "benchmarks"),
+def start_baseline(port, cpus, log_path, app="serve_load:baseline_app", app_dir=None, env=None):
+    """An ASGI app (``module:attribute`` in ``app_dir``, default this file's bare app) on uvicorn, pinned to
+    ``cpus``, ready; ``env``: extra environment variables (recorded in the returned command)."""
+    cmd = [sys.executable, "-m", "uvicorn", app, "--app-dir", str(app_dir or REPO / "benchmarks"),
            "--port", str(port), "--no-access-log", "--log-level", "warning"]
     preexec = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
-    env = None if model is None else {**os.environ, FLOOR_MODEL_ENV: str(model)}
     proc = subprocess.Popen(cmd, stdout=open(log_path, "wb"), stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                            preexec_fn=preexec, env=env)
+                            preexec_fn=preexec, env=None if not env else {**os.environ, **env})
     wait_ready(proc, f"http://127.0.0.1:{port}", "/", log_path)
-    if model is not None:
-        cmd = [f"{FLOOR_MODEL_ENV}={model}", *cmd]
-    return proc, cmd
+    return proc, [f"{k}={v}" for k, v in (env or {}).items()] + cmd
 
 
 def free_port():
@@ -440,6 +436,9 @@ def report(args, cmd, baseline_cmd, model, results, status):
     if not args.out:
         return
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    from _machine import stamp, stamp_md
+
+    payload = stamp(payload)
     Path(args.out + ".json").write_text(json.dumps(payload, indent=1, default=str) + "\n")
     lines = [
         "# `qkm serve` under load on loopback",
@@ -476,7 +475,7 @@ def report(args, cmd, baseline_cmd, model, results, status):
               f"after SIGTERM: {exit_code}. With one worker, `/metrics` counted "
               "exactly the 200 answers the generator received at every level: "
               f"{all(r['metrics_2xx_match_client'] for r in results if r['metrics_2xx_match_client'] is not None)}."]
-    Path(args.out + ".md").write_text("\n".join(lines) + "\n")
+    Path(args.out + ".md").write_text(stamp_md("\n".join(lines) + "\n", payload))
 
 
 if __name__ == "__main__":
