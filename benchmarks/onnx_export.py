@@ -306,7 +306,7 @@ def markdown(results, goals, meta, command):
             cells = " | ".join(f"{1e6 * t['median_seconds'][name][str(b)]:.1f}" for b in meta["batches"])
             lines.append(f"| {r['config']} | {t['rounds']} | {name} | {cells} | {1e6 * t['score_seconds'][name]:.1f} | "
                          f"{'yes' if name in t['eligible'] else 'no'} | {'**yes**' if name == t['chosen'] else ''} |")
-    lines += ["", "## Goals (issue 4)", "", GOALS, "",
+    lines += ["", "## Goals", "", GOALS, "",
               "| goal | model | B | value | result |", "|---|---|---|---:|---|"]
     for g in goals:
         verdict = "met" if g["met"] else ("tie (within 5 %)" if g.get("tie") else "**missed**")

@@ -53,8 +53,8 @@ not depend on it. The paper reports the mean of 5 replicates:
 seed of the full run and for the mean over every seed.
 
 Threads are pinned to ``--threads`` (default 1) before numpy is imported; faiss
-is limited with ``faiss.omp_set_num_threads``. Paper figures are those of issue 5
-(Fashion-MNIST, QK-means); the other cells of the paper's Table 4 were not
+is limited with ``faiss.omp_set_num_threads``. Paper figures are the Fashion-MNIST QK-means
+cells of the paper's Table 4; the other cells of the paper's Table 4 were not
 available when this script was written and are left blank.
 """
 
@@ -68,12 +68,12 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 
-#: Figures of the paper's Table 4 quoted in issue 5: (dataset, landmarks) -> metric -> value.
+#: Figures of the paper's Table 4 (the Fashion-MNIST QK-means cells): (dataset, landmarks) -> metric -> value.
 PAPER = {
     ("fashion-mnist", "qkmeans"): {"nn1_accuracy": 0.8353, "nystrom_error": 0.0299, "svm_accuracy": 0.8119},
 }
 
-#: Issue 17's goals for the QK-means (s = 3) landmarks on Fashion-MNIST: the paper's Table 4 figures.
+#: The goals for the QK-means (s = 3) landmarks on Fashion-MNIST: the paper's Table 4 figures.
 GOAL_NYSTROM_ERROR = 0.0299
 GOAL_SVM = 0.8119
 
@@ -405,7 +405,7 @@ def render(summary_rows, search_rows, seed_rows, goals, env, command, args):
         "",
         f"Environment: {env}.",
         "",
-        "Paper figures: the QK-means Fashion-MNIST cells of the paper's Table 4 as quoted in issue 5; the other",
+        "Paper figures: the QK-means Fashion-MNIST cells of the paper's Table 4; the other",
         "cells were not available to us (blank, not zero). gamma = 1 / mean ||x_i - x_j||^2 over the training set",
         f"(the paper's heuristic, qkm.Nystroem's default). Nyström error on {args.nystrom_sample} random training rows.",
         f"QK-means fits with `center={getattr(args, 'center', 'no') == 'yes'}` (the reference fits it on centred data); "

@@ -5,7 +5,7 @@ Rerun (from the repository root; matplotlib draws the plot)::
     .venv/bin/pip install -r benchmarks/requirements.txt
     .venv/bin/python benchmarks/qkmeans_paper.py --out benchmarks/results/qkmeans_paper
 
-Protocol (issue 17). For every (data set, K, seed) one seeding is shared by
+Protocol. For every (data set, K, seed) one seeding is shared by
 every method: scikit-learn's ``kmeans_plusplus(X - mean, K, random_state=seed)``
 on the centred float32 data, plus the mean (every method runs on the raw
 data; K-means and the objectives do not depend on the translation). Every
@@ -59,9 +59,9 @@ ITERATIONS = 20
 #: (random_state=0 on data loaded elsewhere: the seeds are not these), and the paper's Table 3 for COIL-20.
 REFERENCE = [
     dict(dataset="fashion-mnist", K=64, s=3, ratio=1.1223, nnz=4638, ami=0.4843, kmeans_ami=0.4910, cpu=1116.0,
-         source="issue 17, lucgiffon/qkmeans run"),
+         source="lucgiffon/qkmeans run"),
     dict(dataset="fashion-mnist", K=64, s=5, ratio=1.0579, nnz=7401, ami=0.4877, kmeans_ami=0.4910, cpu=1231.0,
-         source="issue 17, lucgiffon/qkmeans run (paper Table 3: 1.0582)"),
+         source="lucgiffon/qkmeans run (paper Table 3: 1.0582)"),
     dict(dataset="coil20", K=64, s=5, ratio=1.661e4 / 1.332e4, nnz=None, ami=None, kmeans_ami=None, cpu=None,
          source="paper Table 3 (1.661e4 / 1.332e4; '32' there is the 32 x 32 image size; s = 5 as its caption and "
                 "the Fashion-MNIST cell say; K = 64 as its Table 4; its 964-row training split; nnz not given: "
@@ -282,7 +282,7 @@ def render(rows, defaults, env, command):
              "10,000-row batch (best of 5); the table and the plot give the median over the seeds. `qkmeans` and",
              "`kmeans+factorize` use QK-means' default chain (2 factors holding the values of the paper's",
              "floor(log2(max(K, D))) factors, `budget_split=\"total\"`); `kmeans+palm4msa` the paper's chain.", "",
-             "## Goals (issue 17)", "", "| goal | measured | met |", "|---|---|---|"]
+             "## Goals", "", "| goal | measured | met |", "|---|---|---|"]
     for text, value, ok in goals(summary, defaults):
         lines.append(f"| {text} | {value} | {'yes' if ok else '**no**'} |")
     lines += ["", "## Reference figures (not rerun here)", "",

@@ -1,4 +1,4 @@
-"""QK-means on wide sparse text data against qkm's Elkan k-means from the same seeds (issue 12).
+"""QK-means on wide sparse text data against qkm's Elkan k-means from the same seeds.
 
 For each data set and K: scikit-learn's ``kmeans_plusplus(X, K, random_state=0)``
 seeds, then ``qkm.KMeans(algorithm="elkan")`` and ``qkm.QKMeans`` (defaults)
@@ -155,7 +155,7 @@ def summarise(name, k, shape, rows):
 
 
 def markdown(report):
-    lines = ["# QK-means on wide sparse data vs qkm Elkan k-means (issue 12)", "",
+    lines = ["# QK-means on wide sparse data vs qkm Elkan k-means", "",
              f"Command: `{report['command']}`", "",
              f"Machine: {report['cpu']}, threads {report['threads']}; load (uptime) before: "
              f"{report['load_before']}; after: {report['load_after']}.", "",

@@ -1,4 +1,4 @@
-"""Where QK-means' AMI stands on Fashion-MNIST (issue 17's AMI goal), and what moves it.
+"""Where QK-means' AMI stands on Fashion-MNIST (the AMI goal of the paper's protocol), and what moves it.
 
 Rerun (from the repository root)::
 

@@ -1,4 +1,4 @@
-"""QK-means' AMI at s = 3 on Fashion-MNIST (issue 17): the seed noise, and what moves it (an experiment).
+"""QK-means' AMI at s = 3 on Fashion-MNIST: the seed noise, and what moves it (an experiment).
 
 Rerun (from the repository root), parts side by side then merged::
 

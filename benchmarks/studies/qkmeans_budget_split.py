@@ -1,4 +1,4 @@
-"""QK-means' budget split side by side: ``budget_split="wide"`` against ``"even"`` (issue 17).
+"""QK-means' budget split side by side: ``budget_split="wide"`` against ``"even"``.
 
 Rerun (from the repository root; parts may run side by side and be merged with ``--render-from``)::
 

@@ -1,4 +1,4 @@
-"""Seedings compared after Lloyd run to convergence, paired by seed index (issue 13's final-cost goal).
+"""Seedings compared after Lloyd run to convergence, paired by seed index (the final-cost goal).
 
 ``seeding.py`` reports mean ± sd over 10 seeds with Lloyd capped at 100
 iterations and ``tol=1e-4``; a final-cost gap of 0.1 % between seedings is

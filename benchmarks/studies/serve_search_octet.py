@@ -1,4 +1,4 @@
-"""One-row ``/search`` at concurrency 8 with a JSON body against a raw float32 body (issue 16's p99 goal).
+"""One-row ``/search`` at concurrency 8 with a JSON body against a raw float32 body (the p99 goal).
 
 Does skipping the JSON parse bring ``qkm serve``'s one-row ``/search`` under 2 ms at p99 with 8 requests in
 flight? Rerun (from the repository root, with ``ann.py``'s cached model, or it is trained first)::

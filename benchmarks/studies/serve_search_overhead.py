@@ -1,6 +1,6 @@
 """Server CPU and latency of one-JSON-row ``/search`` and ``/assign`` requests: this checkout against a reference one.
 
-A/B of the serving overhead (issue 16: ``/search`` one row p99 <= 2 ms at concurrency 8). Rerun (from the
+A/B of the serving overhead (goal: ``/search`` one row p99 <= 2 ms at concurrency 8). Rerun (from the
 repository root; the reference is another checkout with its own venv, here main before the change)::
 
     mkdir -p benchmarks/.cache/ref-d95a66f && git archive d95a66f | tar -x -C benchmarks/.cache/ref-d95a66f

@@ -2,7 +2,7 @@
 
 Every case asserts the status (HTTP) or the exit status and one-line message (command line) or the exception
 (model files), that nothing escapes as a 5xx or a traceback, and, for the service, that it still answers
-afterwards. The rows of the table in issue 15 are the ``test_row_*`` functions (row 1, the wheel, is
+afterwards. The rows of the bad-input table are the ``test_row_*`` functions (row 1, the wheel, is
 ``test_wheel.py``; row 2, the shipped model, ``test_model_file.py``; row 6 with the real client,
 ``test_oip_client.py``; the schema-driven fuzz, ``test_serve_fuzz.py``). This file holds the HTTP cases; the
 command line is in ``test_bad_input_cli.py``, the model files and in-process rows in ``test_bad_input_files.py``.
