@@ -74,6 +74,31 @@ def assign_sparse(
             _finish_row(i, acc, c_sq, x_sq[i], err_rel, labels, partial_best, lb, write_lb)
 
 
+@njit(**_JIT)
+def assign_dense_small(
+    G,                              # IN  (b, K) X @ C^T from BLAS
+    X,                              # IN  (b, D) the rows
+    err_rel,                        # IN
+    c_sq,                           # IN  (K,) float64
+    labels, partial_best,           # OUT (b,)
+):
+    """:func:`assign_dense_block` for a few rows on the calling thread (``x_sq`` computed here, the same sums)."""
+    b, K = G.shape
+    acc = np.empty(K, dtype=np.float64)
+    x_sq = np.empty(b, dtype=np.float64)
+    lb = np.zeros((0, 0), dtype=np.float64)
+    for t in range(b):
+        s = 0.0
+        for k in range(X.shape[1]):
+            v = np.float64(X[t, k])
+            s += v * v
+        x_sq[t] = s
+    for t in range(b):
+        for j in range(K):
+            acc[j] = G[t, j]
+        _finish_row(t, acc, c_sq, x_sq[t], err_rel, labels, partial_best, lb, False)
+
+
 @njit(parallel=True, **_JIT)
 def assign_dense_block(
     G,                              # IN  (b, K) X_block @ C^T from BLAS
@@ -236,6 +261,21 @@ def row_sq_norms_dense(X, out):
             v = np.float64(X[i, k])
             s += v * v
         out[i] = s
+
+
+@njit(**_JIT)
+def max_abs_or_inf(X):
+    """Largest ``|x|`` of a dense 2-D array, ``inf`` if any value is NaN or infinite (one serial pass)."""
+    n, D = X.shape
+    m = 0.0
+    for i in range(n):
+        for k in range(D):
+            v = abs(np.float64(X[i, k]))
+            if not v <= 1.7976931348623157e308:       # NaN or inf
+                return np.inf
+            if v > m:
+                m = v
+    return m
 
 
 # --------------------------------------------------------------------------- #

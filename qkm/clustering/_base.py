@@ -182,6 +182,11 @@ class OperatorClusterMixin(ClassNamePrefixFeaturesOutMixin, TransformerMixin, Cl
         -------
         labels : ndarray of shape (n_samples,)
         """
+        operator = self.__dict__.get("operator_")
+        if operator is not None and getattr(self, "n_features_in_", None) == operator.n_features:
+            labels = operator.labels_small(X)    # a few dense rows: one checked pass, no data view
+            if labels is not None:
+                return labels
         return self._assign(self._check_test_data(X))[0]
 
     def fit_predict(self, X, y=None):

@@ -64,6 +64,7 @@ import time
 import numpy as np
 import scipy.sparse as sp
 
+from ..operator import DenseOperator
 from ._stopping import IterationLog
 
 __all__ = ["factored_lloyd", "InMemoryPass", "keeps_csr_means"]
@@ -179,15 +180,26 @@ def factored_lloyd(data, centers_init, fitter, *, max_iter, tol, rng, polish_ite
 
     # wide sparse data: the means (and the seeds) stay CSR from the sparse rows to the refit (no K x D buffer)
     csr = keeps_csr_means(fitter, getattr(passes, "sparse_rows", False), mean, k, passes.n_features)
-    t0 = time.perf_counter()
-    seeds = sp.csr_matrix(centers_init, dtype=np.float64) if csr else np.asarray(centers_init, dtype=np.float64)
-    state = fitter.initial(centred(seeds), rng)
-    operator = fitter.operator(state, passes.dtype, None, mean)
-    log.record(-1, step="init", objective=None, seconds=time.perf_counter() - t0, **fitter.describe(state))
-
     U = sp.csr_matrix((k, passes.n_features), dtype=np.float64) if csr else \
         np.zeros((k, passes.n_features), dtype=passes.dtype)
     counts = np.zeros(k, dtype=np.int64)
+    t0 = time.perf_counter()
+    seeds = sp.csr_matrix(centers_init, dtype=np.float64) if csr else np.asarray(centers_init, dtype=np.float64)
+    if getattr(fitter, "assigns_seeds", lambda n: False)(k) and not csr:
+        # one assignment with the seeds themselves: the first structure fits the means of their clusters,
+        # not single rows (docs/decisions.md, 'Seed assignment')
+        seed_op = DenseOperator(np.ascontiguousarray(centers_init, dtype=passes.dtype))
+        obj_seed, _, info = passes.assign(seed_op)
+        U, relocated = passes.means(U, True, counts)
+        passes.refit_done(relocated)
+        log.record(-1, step="seed-assign", objective=obj_seed, relocated=relocated,
+                   seconds=time.perf_counter() - t0, **info)
+        t0 = time.perf_counter()
+        state = fitter.initial(centred(np.asarray(U, dtype=np.float64)), rng, np.sqrt(counts.astype(np.float64)))
+    else:
+        state = fitter.initial(centred(seeds), rng)
+    operator = fitter.operator(state, passes.dtype, None, mean)
+    log.record(-1, step="init", objective=None, seconds=time.perf_counter() - t0, **fitter.describe(state))
     history = []
     n_iter = 0
     objective_prev = np.inf

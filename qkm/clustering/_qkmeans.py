@@ -130,8 +130,11 @@ class QKMeans(_FactoredKMeans):
     nominal budget of the paper's code; its projection keeps more). By
     default, when ``K <= D``, two factors ``K x K`` and ``K x D`` hold the
     same values in all: the wide one keeps its ``s * D``, the other the rest
-    (up to ``K * K``; ``budget_split``); when ``K > D`` the chain is the
-    paper's (``n_factors``). The first factors come from
+    (up to ``K * K``; ``budget_split``); when ``K > D`` (many clusters), two
+    factors ``K x D`` and ``D x D`` hold ``s * floor(log2(K))`` values per
+    centroid, half in each, and warm refits move the supports in their first
+    sweep only (``history_`` records the shapes, budgets and support sweeps;
+    docs/decisions.md, 'Many clusters'). The first factors come from
     hierarchical palm4MSA on the initial centres (on wide sparse data, when the
     seeds fit the last factor's budget, the exact chain of identities and the
     seeds); every refit then runs
@@ -151,17 +154,19 @@ class QKMeans(_FactoredKMeans):
     ----------
     n_clusters : int, default=8
     sparsity_level : int, default=3
-        ``s``, the paper's sparsity level: the model keeps at most the values
-        of the paper's chain, ``s * max(r, c)`` per factor of shape
-        ``(r, c)`` over its ``P = floor(log2(max(K, D)))`` factors
-        (``s (A (P - 1) + D)`` when ``K <= D``: 3,888 at K = 64, D = 784,
-        s = 3), however many factors hold them (``budget_split``).
+        ``s``, the paper's sparsity level. When ``K <= D`` the model keeps at
+        most the values of the paper's chain, ``s * max(r, c)`` per factor
+        of shape ``(r, c)`` over its ``P = floor(log2(max(K, D)))`` factors
+        (``s (A (P - 1) + D)``: 3,888 at K = 64, D = 784, s = 3), however
+        many factors hold them (``budget_split``); when ``K > D``,
+        ``s * floor(log2(K))`` values per centroid (30,720 at K = 1,024,
+        s = 3: :func:`qkm.factorization.chain_total`).
     n_factors : int or None, default=None
         Factors ``Q``. Shapes are ``K x A``, ``A x A`` ..., ``A x D`` with
-        ``A = min(K, D)``. None: 2 when ``K <= D`` (1 when ``max(K, D) < 4``),
-        holding the values of the paper's chain; the paper's
-        ``floor(log2(max(K, D)))`` when ``K > D`` (see docs/decisions.md,
-        'Chain length').
+        ``A = min(K, D)``. None: 2 (1 when ``max(K, D) < 4``), holding
+        :func:`qkm.factorization.chain_total` values (see docs/decisions.md,
+        'Chain length' and 'Many clusters'); a given ``n_factors`` with the
+        default ``budget_split`` is the paper's chain on that many factors.
     init : {"k-means++", "d2-seeding", "k-means||", "random"} or array of shape (n_clusters, n_features), \
 default="k-means++"
     d2_samples, oversampling_factor, init_rounds, init_sample

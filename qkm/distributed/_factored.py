@@ -25,6 +25,7 @@ from sklearn.utils import check_random_state
 from ..clustering._base import seeding_of, warn_if_clusters_lost
 from ..clustering._factored_lloyd import factored_lloyd, keeps_csr_means
 from ..clustering._stopping import IterationLog
+from ..operator import DenseOperator
 from .._threads import effective_n_threads, numba_threads, single_threaded_blas
 from . import _packs as PK
 from . import _shard_tasks as T
@@ -63,8 +64,11 @@ class ShardPass:
 
     def assign(self, operator):
         self.round += 1
-        self.packs = (self.packs[1], PK.ChainPack(operator.factors, operator.mean, self.dtype,
-                                                    getattr(operator, "norms", None)))
+        if isinstance(operator, DenseOperator):     # the seeds' own assignment (dense centres)
+            pack = (operator.C, operator.c_sq)
+        else:
+            pack = PK.ChainPack(operator.factors, operator.mean, self.dtype, getattr(operator, "norms", None))
+        self.packs = (self.packs[1], pack)
         self.sd.end_round()  # the previous iteration's refit and means end there
         self.part = part = self.sd.retrying(self._run)
         info = {"path": "+".join(sorted(set(part.paths))), "storage": "shards", "shard_seconds": part.seconds}

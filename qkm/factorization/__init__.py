@@ -12,7 +12,7 @@ this form.
   one factor at a time. Use it (not :func:`palm4msa` from an identity start,
   which stalls at the best rank-one fit) for a first factorisation.
 * :func:`project_splincol` is the projection; :func:`chain_shapes` the
-  default factor shapes.
+  default factor shapes, :func:`chain_total` the values QK-means' default chain holds.
 
 Implementation notes (step sizes, the cost of a sweep, why the objective is
 non-increasing) are in :mod:`qkm.factorization._palm`. Private modules: the
@@ -33,11 +33,11 @@ from . import _hierarchical
 from . import _factorize
 from . import _palm
 from . import _projections
-from ._shapes import BUDGET_SPLITS, chain_shapes
+from ._shapes import BUDGET_SPLITS, chain_shapes, chain_total
 from .._threads import single_threaded_blas
 from .._validation import check_choice, check_float, check_int, check_matrix, check_weights
 
-__all__ = ["PalmResult", "chain_shapes", "factorize", "hierarchical_palm4msa", "palm4msa", "project_splincol"]
+__all__ = ["PalmResult", "chain_shapes", "chain_total", "factorize", "hierarchical_palm4msa", "palm4msa", "project_splincol"]
 
 
 @dataclass
@@ -299,9 +299,11 @@ def factorize(target, n_factors, *, sparsity_level=3, weights=None, max_iter=100
         when ``K < D``, the first when ``K > D``) keeps at most
         ``(sparsity_level - 1) * max(r, c)`` (at least ``max(r, c)``) and the
         widest the rest; the even split when no factor is the widest
-        (``K == D``). "total": the total of the paper's chain of
-        ``floor(log2(max(K, D)))`` factors on ``n_factors`` factors, the
-        widest keeping its even budget. See :class:`qkm.QKMeans`.
+        (``K == D``). "total": :func:`chain_total` values on ``n_factors``
+        factors: when ``K <= D`` the paper chain's total (``floor(log2(max(K,
+        D)))`` factors), the widest keeping its even budget; when ``K > D``
+        ``s * floor(log2(K))`` per row of the target, shared evenly. See
+        :class:`qkm.QKMeans`.
 
     Returns
     -------

@@ -94,6 +94,7 @@ class PalmState:
     n_columns: int = 0        # columns the sweeps ran on
     target: str = "dense"     # "sparse": the target and the last factor kept sparse (qkm.factorization._lsq_sparse)
     start: str = ""           # first factorisation: "hierarchical" (palm4MSA) or "exact" (identities + target)
+    support_iter: object = None  # sweeps of a refit that moved the supports (QK-means records it; None: not set)
 
 
 @functools.lru_cache(maxsize=64)

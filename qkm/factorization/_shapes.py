@@ -13,11 +13,15 @@ import numpy as np
 
 from .._validation import check_int
 
-__all__ = ["BUDGET_SPLITS", "chain_shapes", "default_n_factors", "factor_budgets", "paper_n_factors", "paper_total",
-           "residual_budget"]
+__all__ = ["BUDGET_SPLITS", "MANY_CLUSTERS", "chain_shapes", "chain_total", "default_n_factors", "factor_budgets", "paper_n_factors",
+           "paper_total", "residual_budget"]
 
 #: How :func:`factor_budgets` splits the values of a chain: "even", "wide" or "total" (QKMeans' default).
 BUDGET_SPLITS = ("even", "wide", "total")
+
+#: From this many clusters (rows of the chain) on, the "total" split shares the values evenly between the
+#: factors, also when ``K <= D`` (docs/decisions.md, 'Many clusters').
+MANY_CLUSTERS = 256
 
 
 def chain_shapes(n_rows, n_cols, n_factors):
@@ -72,25 +76,48 @@ def paper_total(n_rows, n_cols, s):
     return sum(min(s * max(r, c), r * c) for r, c in chain_shapes(n_rows, n_cols, paper_n_factors(n_rows, n_cols)))
 
 
-def default_n_factors(n_clusters, n_features):
-    """The default chain: 2 factors when ``K <= D``, else the paper's ``floor(log2(max(K, D)))``.
+def chain_total(n_rows, n_cols, s):
+    """Values of QK-means' default chain (``budget_split="total"``) for a ``K x D`` centroid matrix.
 
-    With :class:`qkm.QKMeans`' default ``budget_split="auto"`` the two factors hold
-    the values of the paper's chain (:func:`paper_n_factors`;
-    1 factor when ``max(K, D) < 4``, as the paper's). When ``K > D`` the
-    paper's chain stays (see docs/decisions.md, 'Chain length').
+    ``K <= D``: the paper chain's total (:func:`paper_total`). ``K > D``:
+    ``s * floor(log2(K))`` values per centroid, ``s * P * K`` in all (the
+    paper's ``P`` factors of ``s * K`` values each), capped by the size of
+    the 2-factor chain ``K x D``, ``D x D``. At ``K = D`` both rules give
+    ``s * P * K``. Why not the paper chain's total at ``K > D`` (``s K + (P -
+    1) s D``: 3 values per centroid row at s = 3): docs/decisions.md, 'Many
+    clusters'.
+
+    Examples
+    --------
+    >>> chain_total(64, 784, 3)
+    3888
+    >>> chain_total(1024, 784, 3)
+    30720
+    """
+    if n_rows <= n_cols:
+        return paper_total(n_rows, n_cols, s)
+    return min(s * paper_n_factors(n_rows, n_cols) * n_rows, n_rows * n_cols + n_cols * n_cols)
+
+
+def default_n_factors(n_clusters, n_features):
+    """The default chain: 2 factors (1 when ``max(K, D) < 4``, as the paper's).
+
+    ``K x A`` and ``A x D`` with ``A = min(K, D)``. With :class:`qkm.QKMeans`'
+    default ``budget_split="total"`` they hold :func:`chain_total` values:
+    the paper chain's (:func:`paper_n_factors` factors) when ``K <= D``,
+    ``s floor(log2 K)`` per centroid when ``K > D`` (see docs/decisions.md,
+    'Chain length' and 'Many clusters').
 
     Examples
     --------
     >>> default_n_factors(64, 784)
     2
     >>> default_n_factors(256, 118)
-    8
+    2
     >>> default_n_factors(2, 3)
     1
     """
-    paper = paper_n_factors(n_clusters, n_features)
-    return min(2, paper) if n_clusters <= n_features else paper
+    return min(2, paper_n_factors(n_clusters, n_features))
 
 
 def factor_budgets(shapes, s, split="even"):
@@ -120,12 +147,16 @@ def factor_budgets(shapes, s, split="even"):
     K = 64, D = 784, s = 3: 768, 768 and 2,352). On the paper's chain it is the
     even split. With 2 factors it is :class:`qkm.QKMeans`' default chain (K <= D;
     K = 64, D = 784, s = 3: 1,536 and 2,352 values; see docs/decisions.md,
-    'Chain length').
+    'Chain length'). From :data:`MANY_CLUSTERS` rows on, and whenever
+    ``K > D``, the total is :func:`chain_total` and every factor gets an even
+    share (K = 256, D = 784, s = 3: 4,248 and 4,248).
 
     Examples
     --------
     >>> factor_budgets([(64, 64), (64, 64), (64, 784)], 3, split="total")
     [('sp', 768), ('sp', 768), ('sp', 2352)]
+    >>> factor_budgets([(256, 256), (256, 784)], 3, split="total")     # many clusters: an even share
+    [('sp', 4248), ('sp', 4248)]
     >>> factor_budgets([(64, 64), (64, 64), (64, 784)], 3)
     [('sp', 192), ('sp', 192), ('sp', 2352)]
     >>> factor_budgets([(64, 64), (64, 64), (64, 784)], 3, split="wide")
@@ -141,12 +172,16 @@ def factor_budgets(shapes, s, split="even"):
     even = [min(s * max(r, c), n) for (r, c), n in zip(shapes, sizes)]
     widths = [max(r, c) for r, c in shapes]
     widest = int(np.argmax(widths))
-    if split == "total":        # the paper chain's total on these shapes: the widest keeps its even budget
-        total = paper_total(shapes[0][0], shapes[-1][1], s)
+    if split == "total":
+        K, D = shapes[0][0], shapes[-1][1]
+        total = chain_total(K, D, s)
         out = [0] * len(shapes)
-        if sum(w == widths[widest] for w in widths) == 1:
+        # K <= D below MANY_CLUSTERS: the widest (A x D) keeps its even budget; else every factor an even
+        # share (docs/decisions.md, 'Many clusters')
+        if K <= D and K < MANY_CLUSTERS and sum(w == widths[widest] for w in widths) == 1:
             out[widest] = even[widest]
         others = [q for q in range(len(shapes)) if out[q] == 0]
+        others.sort(key=lambda q: sizes[q])         # the smallest first: what one cannot hold goes to the next
         for i, q in enumerate(others):          # the rest shared evenly, each capped by its size
             out[q] = min((total - sum(out)) // (len(others) - i), sizes[q])
         return [("sp", v) for v in out]

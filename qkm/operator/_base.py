@@ -5,6 +5,7 @@ the index, export, serving) imports this module; it imports only the data
 view (:mod:`qkm._data`) and the kernels, so no import circle can form.
 """
 
+import math
 import time
 
 import numpy as np
@@ -14,8 +15,12 @@ from .. import _config
 from .. import _kernels as K_
 from .._data import KMeansData
 from .._kernels import centroid_sq_norms
+from .._validation import row_norm_bound
 
-__all__ = ["CentroidOperator", "DenseOperator"]
+__all__ = ["CentroidOperator", "DenseOperator", "SMALL_BATCH_ROWS"]
+
+#: Largest batch :meth:`CentroidOperator.labels_small` takes (the serial per-sample kernels' range).
+SMALL_BATCH_ROWS = 16
 
 _EMPTY_LB = np.zeros((0, 0), dtype=np.float64)
 _NO_SPARSE_CT = (np.zeros(1, dtype=np.int64), np.zeros(0, dtype=np.int32))
@@ -119,6 +124,43 @@ class CentroidOperator:
         labels[rows] = sub_labels
         partial_best[rows] = sub_partial
 
+    def norm_bound(self, dtype):
+        """Largest row norm of ``dtype`` data whose distances to these centroids stay finite (cached).
+
+        See :func:`qkm._validation.row_norm_bound`.
+        """
+        cache = self.__dict__.get("_norm_bounds")
+        if cache is None:
+            cache = self._norm_bounds = {}
+        bound = cache.get(dtype)
+        if bound is None:
+            bound = cache[dtype] = row_norm_bound(np.dtype(dtype), self.row_sq_norms())
+        return bound
+
+    def labels_small(self, X):
+        """Labels of a small validated-shape dense batch, or None when ``X`` needs the full checks.
+
+        The prediction fast path (no data view, no thread-count switch): ``X``
+        a C-contiguous ndarray of this operator's dtype and width with at most
+        :data:`SMALL_BATCH_ROWS` rows; its values are checked finite and within
+        :meth:`norm_bound` in one serial pass (the common case of
+        :func:`qkm._validation.check_row_norms`). Anything else returns None,
+        and the caller takes the checked path, which raises the same errors as
+        before. The labels equal :meth:`assign`'s (the same ``partials``).
+        """
+        if (type(X) is not np.ndarray or X.ndim != 2 or X.dtype != self.dtype or not X.flags.c_contiguous
+                or not 0 < X.shape[0] <= SMALL_BATCH_ROWS or X.shape[1] != self.n_features):
+            return None
+        if not K_.max_abs_or_inf(X) * math.sqrt(X.shape[1]) <= self.norm_bound(X.dtype):
+            return None
+        labels = np.empty(X.shape[0], dtype=np.int32)
+        self._small_partials(X, labels, np.empty(X.shape[0], dtype=np.float64))
+        return labels
+
+    def _small_partials(self, X, labels, partial_best):
+        """:meth:`partials` for a batch :meth:`labels_small` checked (subclasses skip their own checks)."""
+        self.partials(X, labels, partial_best)
+
     def assign(self, X):
         """Labels and squared distances to the nearest centroid.
 
@@ -212,6 +254,11 @@ class DenseOperator(CentroidOperator):
         return out.toarray() if sp.issparse(out) else np.asarray(out)
 
     def partials(self, X, labels, partial_best):
+        if type(X) is np.ndarray and X.shape[0] <= SMALL_BATCH_ROWS:     # a few rows: no data view, no threads
+            err_rel = 1e-12 if X.dtype == np.float64 else 64 * float(np.finfo(np.float32).eps)
+            K_.assign_dense_small(X @ self.C.T, X, err_rel, self.c_sq, labels, partial_best)
+            self.storage = "dense"
+            return
         KMeansData(X).assign(self, labels, partial_best)
 
     def execution_path(self, n_samples):

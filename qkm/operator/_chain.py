@@ -273,6 +273,17 @@ class FactorChainOperator(CentroidOperator):
             labels[:] = lab
             partial_best[:] = best
 
+    def _small_partials(self, X, labels, partial_best):
+        # X is C-contiguous, of this dtype and width (CentroidOperator.labels_small): straight to the
+        # per-sample kernel when that is the path measured for this size
+        if self._small_paths.get((X.shape[0], False)) == "fused-sample":
+            self._last_sparse = False
+            CK.chain_sample_dense(X, *self._chain, labels, partial_best)
+            if self.mean is not None:
+                partial_best += self._mean_offsets(X)
+            return
+        self.partials(X, labels, partial_best)
+
     def execution_path(self, n_samples, sparse=None):
         """Path used for a batch of ``n_samples`` rows, dense or CSR (``sparse``).
 

@@ -72,7 +72,9 @@ def test_qkmeans_landmarks_keep_the_mean_unless_told(data, center):
     mean = ours.landmark_estimator_.mean_
     if center is None:  # the default: the mean beside the factors, as QKMeans(center=True)
         np.testing.assert_allclose(mean, X.mean(axis=0), rtol=1e-12)
-        same = QKMeans(n_clusters=12, sparsity_level=2, center=True, random_state=0, **FAST_QK).fit(X)
+        from qkm.factorization._shapes import paper_n_factors
+        same = QKMeans(n_clusters=12, sparsity_level=2, n_factors=paper_n_factors(12, X.shape[1]), center=True,
+                       random_state=0, **FAST_QK).fit(X)       # Nystroem's chain: the paper's factors
         np.testing.assert_array_equal(ours.operator_.to_dense(), same.cluster_centers_)
     else:
         assert mean is None

@@ -10,6 +10,7 @@ from sklearn.exceptions import ConvergenceWarning
 
 import naive
 from conftest import CONTAINERS
+import qkm
 from qkm import KMeans
 from qkm._data import KMeansData
 from qkm._empty import relocate_empty_clusters
@@ -323,3 +324,31 @@ def test_no_warning_on_normal_fit(blobs):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         KMeans(4, random_state=0).fit(blobs[0])
+
+
+@pytest.mark.parametrize("make", [lambda: KMeans(6, random_state=0),
+                                  lambda: qkm.QKMeans(6, sparsity_level=2, max_iter=5, random_state=0),
+                                  lambda: qkm.QKMeans(40, sparsity_level=2, max_iter=3, random_state=0)])
+def test_small_batch_predict_path_equals_assign_and_checks_its_input(make):
+    """predict on a few C-contiguous rows skips the data view: the same labels as assign, the same errors."""
+    rng = np.random.RandomState(0)
+    X = rng.rand(300, 7)
+    est = make().fit(X)
+    op = est.operator_
+    for rows in (X[:1], X[5:9], X[:16], X[:17]):
+        rows = np.ascontiguousarray(rows)
+        np.testing.assert_array_equal(est.predict(rows), op.assign(rows)[0])
+        np.testing.assert_array_equal(est.predict(rows), naive.assign(rows, est.cluster_centers_)[0])
+    assert op.labels_small(np.ascontiguousarray(X[:17])) is None                   # past the small-batch size
+    assert op.labels_small(np.asfortranarray(X[:4])) is None                       # not C-contiguous
+    assert op.labels_small(X[:4].astype(np.float32)) is None                       # another dtype
+    bad = X[:2].copy()
+    bad[1, 3] = np.nan
+    assert op.labels_small(bad) is None
+    with pytest.raises(ValueError, match="NaN"):
+        est.predict(bad)
+    huge = X[:1] * 1e200
+    with pytest.raises(ValueError, match="overflow"):
+        est.predict(huge)
+    with pytest.raises(ValueError):
+        est.predict(X[:2, :5])

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
+import qkm
 from qkm import KMeans, LowRankKMeans, QKMeans
 from qkm._data import KMeansData
 from qkm.clustering._factored_lloyd import factored_lloyd
@@ -94,12 +95,40 @@ def test_default_chain_is_two_factors_with_the_total_split(blobs):
     assert paper.inertia_ == total.inertia_
 
 
-def test_more_clusters_than_features_keep_the_papers_chain():
-    X = np.random.RandomState(3).rand(200, 10)
-    qk = QKMeans(16, sparsity_level=2, max_iter=4, palm_max_iter=10, random_state=0).fit(X)
-    assert len(qk.factors_) == paper_n_factors(16, 10) == 4
-    budgets = factor_budgets(chain_shapes(16, 10, 4), 2)
+def test_more_clusters_than_features_fit_two_factors_with_s_log2_k_values_per_centroid():
+    """K > D: the default chain is K x D times D x D holding s floor(log2 K) values per centroid; warm refits
+    move the supports in their first sweep only; the labels are brute force's on the folded centroids."""
+    X = np.random.RandomState(3).rand(400, 10)
+    K, s = 48, 2
+    qk = QKMeans(K, sparsity_level=s, max_iter=6, palm_max_iter=10, random_state=0).fit(X)
+    assert [f.shape for f in qk.factors_] == [(K, 10), (10, 10)]
+    budgets = factor_budgets(chain_shapes(K, 10, 2), s, "total")
+    assert sum(k for _, k in budgets) == min(s * paper_n_factors(K, 10) * K, K * 10 + 100)
     assert all(f.nnz <= k for f, (_, k) in zip(qk.factors_, budgets))
+    init = qk.history_[1] if qk.history_[1]["step"] == "init" else next(r for r in qk.history_ if r["step"] == "init")
+    assert init["shapes"] == [[K, 10], [10, 10]] and init["budgets"] == [k for _, k in budgets]
+    refits = [r for r in qk.history_ if r["step"] == "refit"]
+    assert refits and all(r["support_sweeps"] == 1 for r in refits)
+    labels, dist = _brute_force(X, qk.cluster_centers_)
+    np.testing.assert_array_equal(qk.labels_, labels)
+    np.testing.assert_allclose(qk.inertia_, dist.sum(), rtol=1e-10)
+    h = qk.objective_history_
+    assert np.all(np.diff(h) <= 1e-10 * h[:-1])
+    given = QKMeans(16, sparsity_level=2, n_factors=4, max_iter=4, palm_max_iter=10, random_state=0).fit(X)
+    assert len(given.factors_) == 4 == paper_n_factors(16, 10)      # a given n_factors: the paper's chain
+    assert all(f.nnz <= k for f, (_, k) in zip(given.factors_, factor_budgets(chain_shapes(16, 10, 4), 2)))
+
+
+def test_more_clusters_than_features_reproducible_and_thread_count_free():
+    X = np.random.RandomState(4).rand(300, 8)
+    kw = dict(n_clusters=40, sparsity_level=3, max_iter=5, palm_max_iter=10, random_state=7)
+    a, b = QKMeans(n_jobs=1, **kw).fit(X), QKMeans(n_jobs=1, **kw).fit(X)
+    c = QKMeans(n_jobs=2, **kw).fit(X)
+    for other in (b, c):
+        np.testing.assert_array_equal(a.labels_, other.labels_)
+        np.testing.assert_array_equal(a.objective_history_, other.objective_history_)
+        for f, g in zip(a.factors_, other.factors_):
+            np.testing.assert_array_equal(f.toarray(), g.toarray())
 
 
 @pytest.mark.parametrize("shape", [(120, 30), (120, 5)])          # K < D: the last factor is the widest; K > D: the first
@@ -128,11 +157,12 @@ def test_total_budget_split_keeps_the_paper_total_on_fewer_factors(shape):
     assert len(qk.factors_) == 2
     budgets = factor_budgets(chain_shapes(K, shape[1], 2), 2, "total")
     paper = factor_budgets(chain_shapes(K, shape[1], paper_n_factors(K, shape[1])), 2)
-    assert sum(k for _, k in budgets) == min(sum(k for _, k in paper), sum(r * c for r, c in chain_shapes(
-        K, shape[1], 2)))
+    # K <= D: the paper chain's total; K > D: 2 floor(log2 K) values per centroid (naive counts)
+    total = sum(k for _, k in paper) if K <= shape[1] else 2 * paper_n_factors(K, shape[1]) * K
+    assert sum(k for _, k in budgets) == min(total, sum(r * c for r, c in chain_shapes(K, shape[1], 2)))
     for f, (_, k) in zip(qk.factors_, budgets):
         assert f.nnz <= k
-    assert qk.nnz_ <= sum(k for _, k in paper)
+    assert qk.nnz_ <= total
     labels, _ = _brute_force(X, qk.cluster_centers_)
     np.testing.assert_array_equal(qk.labels_, labels)
     h = qk.objective_history_
@@ -305,3 +335,28 @@ def test_any_number_of_factors(blobs, n_factors):
     assert qk.factors_[0].shape[0] == 6 and qk.factors_[-1].shape[1] == X.shape[1]
     labels, _ = _brute_force(X, qk.cluster_centers_)
     np.testing.assert_array_equal(qk.labels_, labels)
+
+
+def test_seed_assignment_fits_the_first_chain_to_the_seeds_clusters(monkeypatch):
+    """From SEED_ASSIGN_MIN_CLUSTERS clusters on, the loop assigns with the dense seeds first and the first
+    chain fits the means of those clusters; the labels stay brute force's and the history non-increasing."""
+    from qkm.clustering import _fitters
+    assert _fitters._ChainFitter.assigns_seeds(_fitters.SEED_ASSIGN_MIN_CLUSTERS)
+    assert not _fitters._ChainFitter.assigns_seeds(_fitters.SEED_ASSIGN_MIN_CLUSTERS - 1)
+    X = np.random.RandomState(5).rand(300, 12)
+    kw = dict(n_clusters=20, sparsity_level=2, max_iter=6, palm_max_iter=10, random_state=0)
+    before = QKMeans(**kw).fit(X)
+    assert before.history_[0]["step"] == "init"
+    monkeypatch.setattr(_fitters, "SEED_ASSIGN_MIN_CLUSTERS", 20)
+    qk, again = QKMeans(**kw).fit(X), QKMeans(**kw).fit(X)
+    steps = [r["step"] for r in qk.history_]
+    assert steps[:3] == ["seed-assign", "init", "assign"]
+    seeds = qkm.kmeans_plusplus(X, 20, random_state=0)
+    seeds = seeds[0] if isinstance(seeds, tuple) else seeds
+    np.testing.assert_allclose(qk.history_[0]["objective"], naive.assign(X, seeds)[1].sum(), rtol=1e-10)
+    labels, dist = _brute_force(X, qk.cluster_centers_)
+    np.testing.assert_array_equal(qk.labels_, labels)
+    h = qk.objective_history_
+    assert np.all(np.diff(h) <= 1e-10 * h[:-1])
+    np.testing.assert_array_equal(qk.labels_, again.labels_)
+    np.testing.assert_array_equal(qk.objective_history_, again.objective_history_)

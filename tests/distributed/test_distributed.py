@@ -335,6 +335,19 @@ def test_qkmeans_with_a_large_v_never_folds_it(inproc_client, tmp_path_factory, 
     assert len(folded) == 2         # only for the two fits' cluster_centers_
 
 
+def test_qkmeans_seed_assignment_on_the_shards(inproc_client, tmp_path_factory, data, monkeypatch):
+    """From SEED_ASSIGN_MIN_CLUSTERS on, the first chain fits the seeds' clusters' means: on the shards too."""
+    from qkm.clustering import _fitters
+    monkeypatch.setattr(_fitters, "SEED_ASSIGN_MIN_CLUSTERS", 2)
+    X = data["dense"]
+    sd = ShardedData(shards(tmp_path_factory, X, LAYOUTS["3 shards + empty"]), inproc_client)
+    init = np.vstack([X[:K - 1], np.full((1, D), 1e3)])       # nothing is near the last centre
+    got, ref = qkm.QKMeans(**dict(QK, init=init)).fit(sd), qkm.QKMeans(**dict(QK, init=init)).fit(X)
+    assert ref.history_[0]["step"] == "seed-assign" and ref.history_[0]["relocated"] == 1
+    assert [r.get("relocated") for r in got.history_] == [r.get("relocated") for r in ref.history_]
+    assert_same_factored_fit(got, ref, inproc_client)
+
+
 def test_qkmeans_empty_cluster_and_lowrank_on_the_shards(inproc_client, tmp_path_factory, data):
     """An empty cluster repaired from the shards' candidates; LowRankKMeans runs the same loop."""
     X = data["csr"]

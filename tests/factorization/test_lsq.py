@@ -89,10 +89,11 @@ def test_wide_budgets_keep_the_even_total_and_fit_their_factors(K, D, Q, s):
         assert all(wide[q] == min((s - 1) * widths[q], even[q]) for q in others)
 
 
-@pytest.mark.parametrize("K, D, s", [(64, 784, 3), (20, 1024, 5), (256, 118, 3), (8, 8, 2), (5, 40, 1)])
+@pytest.mark.parametrize("K, D, s", [(64, 784, 3), (20, 1024, 5), (8, 8, 2), (5, 40, 1)])
 @pytest.mark.parametrize("Q", [2, 3, 4])
 def test_total_budget_split_keeps_the_paper_chains_total(K, D, s, Q):
-    """Naive reference: the paper chain's sum of s * max(r, c); the widest keeps its even budget, the rest even."""
+    """K <= D. Naive reference: the paper chain's sum of s * max(r, c); the widest keeps its even budget, the
+    rest even."""
     import math
     paper_q = max(1, int(math.floor(math.log2(max(K, D)))))
     total = sum(min(s * max(r, c), r * c) for r, c in chain_shapes(K, D, paper_q))
@@ -110,6 +111,39 @@ def test_total_budget_split_keeps_the_paper_chains_total(K, D, s, Q):
     assert max(rest, default=0) - min(rest, default=0) <= 1
     if Q == paper_q:
         assert factor_budgets(shapes, s, "total") == factor_budgets(shapes, s)
+
+
+@pytest.mark.parametrize("K, D, s", [(256, 118, 3), (1024, 784, 3), (4096, 784, 3), (40, 12, 2), (9, 3, 5)])
+@pytest.mark.parametrize("Q", [2, 3])
+def test_total_budget_split_above_d_gives_s_log2_k_values_per_centroid(K, D, s, Q):
+    """K > D. Naive reference: s * floor(log2 K) values per centroid, shared evenly by the factors, each capped
+    by its size (what a small factor cannot hold goes to the others)."""
+    import math
+    per_centroid = s * int(math.floor(math.log2(K)))
+    shapes = chain_shapes(K, D, Q)
+    sizes = [r * c for r, c in shapes]
+    got = [k for _, k in factor_budgets(shapes, s, "total")]
+    assert all(0 < k <= n for k, n in zip(got, sizes))
+    if Q == 2:
+        total = min(per_centroid * K, K * D + D * D)
+        assert sum(got) == total
+    uncapped = [k for k, n in zip(got, sizes) if k < n]
+    assert max(uncapped, default=0) - min(uncapped, default=0) <= 1
+    if (K, D, s, Q) == (1024, 784, 3, 2):
+        assert got == [15360, 15360]                 # 30 values per centroid: 26.1x fewer than K x D
+
+
+@pytest.mark.parametrize("K", [256, 300, 512, 784])
+def test_total_budget_split_from_many_clusters_on_is_even(K):
+    """K <= D from MANY_CLUSTERS on: the paper chain's total, shared evenly (naive reference)."""
+    import math
+    from qkm.factorization._shapes import MANY_CLUSTERS
+    assert MANY_CLUSTERS <= K
+    D, s = 784, 3
+    paper_q = int(math.floor(math.log2(D)))
+    total = sum(min(s * max(r, c), r * c) for r, c in chain_shapes(K, D, paper_q))
+    got = [k for _, k in factor_budgets(chain_shapes(K, D, 2), s, "total")]
+    assert sum(got) == total and abs(got[0] - got[1]) <= 1
 
 
 def test_unknown_budget_split_raises():
@@ -160,6 +194,19 @@ def test_greedy_ols_matches_brute_force(rng):
         expected = naive.greedy_ols(A, T, scale, budget)
         np.testing.assert_array_equal(mask, expected)
         assert taken == budget == mask.sum()
+
+
+@pytest.mark.parametrize("a, n, budget", [(60, 1, 45), (40, 3, 100), (25, 2, 50)])
+def test_greedy_ols_long_columns_match_naive(a, n, budget):
+    """Many atoms per column: the directions kept as coefficients (their store grows past its first size)."""
+    rng = np.random.default_rng(a + n)
+    A = rng.standard_normal((80, a))
+    T = rng.standard_normal((80, n))
+    scale = np.ones(n)
+    mask = np.empty((a, n), dtype=np.bool_)
+    taken = ols_support(A.T @ A, A.T @ T, scale, budget, mask)
+    np.testing.assert_array_equal(mask, naive.greedy_ols(A, T, scale, budget))
+    assert taken == mask.sum() == min(budget, a * n)
 
 
 def test_greedy_ols_skips_dependent_atoms_and_empty_columns():
