@@ -70,6 +70,11 @@ def csr_means(sums, counts, C_prev, dtype):
     means = sp.csr_matrix((data, sums.indices, sums.indptr), shape=sums.shape)
     return replace_rows(means, {int(j): C_prev[j] for j in np.flatnonzero(counts == 0)})
 
+def dense_err_rel(dtype):
+    """Relative error of BLAS dot products in ``dtype`` that the assignment's tie rule allows for."""
+    return 1e-12 if dtype == np.float64 else 64 * float(np.finfo(np.float32).eps)
+
+
 class KMeansData:
     """Validated data plus the per-row quantities every iteration needs.
 
@@ -102,7 +107,7 @@ class KMeansData:
             K_.row_sq_norms_dense(X, self.x_sq)
             self.nnz = self.n_samples * self.n_features
             # BLAS computes the dots in the data's precision
-            self.err_rel = 1e-12 if self.dtype == np.float64 else 64 * float(np.finfo(np.float32).eps)
+            self.err_rel = dense_err_rel(self.dtype)
         self.all_rows = np.arange(self.n_samples, dtype=np.int64)
         self.storage_chooser = StorageChooser()
         self._ct_buffer = None

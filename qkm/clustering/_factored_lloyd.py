@@ -184,7 +184,6 @@ def factored_lloyd(data, centers_init, fitter, *, max_iter, tol, rng, polish_ite
         np.zeros((k, passes.n_features), dtype=passes.dtype)
     counts = np.zeros(k, dtype=np.int64)
     t0 = time.perf_counter()
-    seeds = sp.csr_matrix(centers_init, dtype=np.float64) if csr else np.asarray(centers_init, dtype=np.float64)
     if getattr(fitter, "assigns_seeds", lambda n: False)(k) and not csr:
         # one assignment with the seeds themselves: the first structure fits the means of their clusters,
         # not single rows (docs/decisions.md, 'Seed assignment')
@@ -197,6 +196,7 @@ def factored_lloyd(data, centers_init, fitter, *, max_iter, tol, rng, polish_ite
         t0 = time.perf_counter()
         state = fitter.initial(centred(np.asarray(U, dtype=np.float64)), rng, np.sqrt(counts.astype(np.float64)))
     else:
+        seeds = sp.csr_matrix(centers_init, dtype=np.float64) if csr else np.asarray(centers_init, dtype=np.float64)
         state = fitter.initial(centred(seeds), rng)
     operator = fitter.operator(state, passes.dtype, None, mean)
     log.record(-1, step="init", objective=None, seconds=time.perf_counter() - t0, **fitter.describe(state))

@@ -13,7 +13,7 @@ import scipy.sparse as sp
 
 from .. import _config
 from .. import _kernels as K_
-from .._data import KMeansData
+from .._data import KMeansData, dense_err_rel
 from .._kernels import centroid_sq_norms
 from .._validation import row_norm_bound
 
@@ -255,8 +255,7 @@ class DenseOperator(CentroidOperator):
 
     def partials(self, X, labels, partial_best):
         if type(X) is np.ndarray and X.shape[0] <= SMALL_BATCH_ROWS:     # a few rows: no data view, no threads
-            err_rel = 1e-12 if X.dtype == np.float64 else 64 * float(np.finfo(np.float32).eps)
-            K_.assign_dense_small(X @ self.C.T, X, err_rel, self.c_sq, labels, partial_best)
+            K_.assign_dense_small(X @ self.C.T, X, dense_err_rel(X.dtype), self.c_sq, labels, partial_best)
             self.storage = "dense"
             return
         KMeansData(X).assign(self, labels, partial_best)
